@@ -1,0 +1,7 @@
+"""pyro_flat: flat-seeking inference for Bayesian neural networks in Pyro."""
+
+from pyro_flat.diagnostics import to_arviz
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "to_arviz"]

@@ -1,0 +1,214 @@
+"""Export of ``pyro.infer.MCMC`` runs to ArviZ, with the kernels' per-draw statistics.
+
+:func:`to_arviz` builds on :func:`arviz.from_dict` only (ArviZ 1.x has no ``from_pyro``), so the
+same code returns an ``InferenceData`` on ArviZ 0.x and a ``DataTree`` on ArviZ 1.x; the one
+version-specific call lives in :func:`_from_dict`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from pyro_flat import validation
+
+if TYPE_CHECKING:
+    from pyro.infer import MCMC
+
+__all__ = ["to_arviz"]
+
+
+def to_arviz(
+    mcmc: MCMC,
+    *,
+    var_names: str | Sequence[str] | None = None,
+    thin: int = 1,
+    coords: Mapping[str, Any] | None = None,
+    dims: Mapping[str, Sequence[str]] | None = None,
+) -> Any:
+    """Convert a finished :class:`pyro.infer.MCMC` run to ArviZ.
+
+    Groups:
+
+    * ``posterior``: the draws of each sample site in the constrained space, dims
+      ``(chain, draw, *site_shape)``, from ``mcmc.get_samples(group_by_chain=True)``.
+    * ``sample_stats``: the per-draw statistics of pyro_flat kernels (``lp``, ``step_size``,
+      ``grad_norm``, ``diverging`` and any kernel-specific ones such as ``log_weight``), dims
+      ``(chain, draw)``. Kernels that record none (e.g. Pyro's ``NUTS``) give a posterior only.
+
+    Each group carries the attributes ``inference_library="pyro"``,
+    ``inference_library_version``, ``pyro_flat_kernel`` (the class name of ``mcmc.kernel``)
+    and, for pyro_flat kernels, ``num_sg_steps`` (SG steps taken by each chain).
+
+    On CPU the arrays share memory with the tensors of ``mcmc`` (no copy of the draws): write
+    to one and the other changes. Only ``mcmc.get_samples`` and the per-chain statistics the
+    kernels already returned are read; the slow :meth:`pyro.infer.MCMC.diagnostics` is not
+    called.
+
+    Parameters
+    ----------
+    mcmc : pyro.infer.MCMC
+        A run, i.e. after ``mcmc.run(...)``.
+    var_names : str or sequence of str, optional
+        Sample sites to export; all by default.
+    thin : int
+        Keep every ``thin``-th draw (of the draws and of the statistics alike), ``>= 1``.
+        The ``draw`` coordinate keeps the original draw index ``0, thin, 2 * thin, ...``.
+    coords : dict, optional
+        Coordinate values by dimension name, passed to :func:`arviz.from_dict`.
+    dims : dict, optional
+        Dimension names (without ``chain`` and ``draw``) by site, passed to
+        :func:`arviz.from_dict`.
+
+    Returns
+    -------
+    arviz.InferenceData or xarray.DataTree
+        ``InferenceData`` on ArviZ 0.x, ``DataTree`` on ArviZ 1.x.
+
+    Raises
+    ------
+    ValueError
+        If ``mcmc`` has not run, ``var_names`` names unknown sites (the message lists the
+        available ones) or ``thin`` is not a positive integer.
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> import arviz as az
+    >>> from pyro.infer import MCMC
+    >>> from pyro_flat import to_arviz
+    >>> from pyro_flat.infer import SGLD
+    >>> def model(x, y):
+    ...     w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+    ...     s = pyro.sample("s", dist.HalfNormal(1.0))
+    ...     with pyro.plate("data", len(x), subsample_size=32) as i:
+    ...         pyro.sample("y", dist.Normal(x[i] @ w, s), obs=y[i])
+    >>> x = torch.randn(200, 3); y = x @ torch.tensor([1.0, -1.0, 0.5]) + 0.3 * torch.randn(200)
+    >>> mcmc = MCMC(SGLD(model, step_size=1e-3, num_steps_per_sample=5), num_samples=100,
+    ...             warmup_steps=20, disable_progbar=True)
+    >>> mcmc.run(x, y)
+    >>> idata = to_arviz(mcmc, dims={"w": ["feature"]}, thin=2)
+    >>> idata.posterior["w"].dims
+    ('chain', 'draw', 'feature')
+    >>> sorted(idata.sample_stats.data_vars)
+    ['diverging', 'grad_norm', 'lp', 'step_size']
+    >>> az.summary(idata, var_names=["w", "s"])  # doctest: +SKIP
+    """
+    thin = validation.integer_at_least("thin", thin, 1)
+    samples = mcmc.get_samples(group_by_chain=True)
+    if samples is None:
+        raise ValueError("mcmc holds no samples: call mcmc.run(...) before to_arviz")
+    if not samples:
+        raise ValueError("the run has no sample sites to export")
+    samples = _select(samples, var_names)
+    num_draws = next(iter(samples.values())).shape[1]
+
+    groups = {"posterior": {name: _numpy(value)[:, ::thin] for name, value in samples.items()}}
+    stats = _sample_stats(getattr(mcmc, "_diagnostics", None), num_draws)
+    if stats:
+        groups["sample_stats"] = {name: value[:, ::thin] for name, value in stats.items()}
+
+    coords = dict(coords or {})
+    coords.setdefault("draw", np.arange(0, num_draws, thin))
+    return _from_dict(groups, attrs=_attrs(mcmc), coords=coords, dims=dims)
+
+
+def _select(
+    samples: Mapping[str, torch.Tensor], var_names: str | Sequence[str] | None
+) -> dict[str, torch.Tensor]:
+    """The requested sites of ``samples``, in the order asked for."""
+    if var_names is None:
+        return dict(samples)
+    names = [var_names] if isinstance(var_names, str) else list(var_names)
+    unknown = [name for name in names if name not in samples]
+    if unknown or not names:
+        raise ValueError(
+            f"var_names must name sample sites of the run; unknown: {unknown}, "
+            f"available: {sorted(samples)}"
+        )
+    return {name: samples[name] for name in names}
+
+
+def _numpy(value: Any) -> np.ndarray:
+    """``value`` as a NumPy array, sharing memory with a CPU tensor (a copy only off the CPU)."""
+    if not torch.is_tensor(value):
+        return np.asarray(value)
+    value = value.detach()
+    if value.dtype == torch.bfloat16:  # NumPy has no bfloat16
+        value = value.float()
+    return value.cpu().resolve_conj().resolve_neg().numpy()
+
+
+def _sample_stats(
+    diagnostics: Sequence[Mapping[str, Any] | None] | None, num_draws: int
+) -> dict[str, np.ndarray]:
+    """Per-draw statistics stacked to ``(chain, draw)``; empty if any chain lacks them."""
+    if not diagnostics:
+        return {}
+    per_chain = []
+    for diag in diagnostics:
+        stats = diag.get("sample_stats") if isinstance(diag, Mapping) else None
+        if not isinstance(stats, Mapping):
+            return {}
+        per_chain.append(stats)
+    out = {}
+    for name in per_chain[0]:
+        if not all(name in stats for stats in per_chain):
+            continue
+        arrays = [_numpy(stats[name]) for stats in per_chain]
+        if any(a.ndim < 1 or a.shape[0] != num_draws for a in arrays):
+            warnings.warn(
+                f"sample_stats[{name!r}] does not hold one value per draw ({num_draws}) in "
+                "every chain; it is left out of the export",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            continue
+        stacked = np.stack(arrays)
+        out[name] = stacked.astype(bool) if name == "diverging" else stacked
+    return out
+
+
+def _attrs(mcmc: MCMC) -> dict[str, Any]:
+    """Provenance attributes: the inference library, its version and the kernel."""
+    import pyro
+
+    attrs: dict[str, Any] = {
+        "inference_library": "pyro",
+        "inference_library_version": pyro.__version__,
+        "pyro_flat_kernel": type(mcmc.kernel).__name__,
+    }
+    diagnostics = getattr(mcmc, "_diagnostics", None) or []
+    steps = [d.get("num_sg_steps") if isinstance(d, Mapping) else None for d in diagnostics]
+    if steps and all(isinstance(s, int | np.integer) for s in steps):
+        attrs["num_sg_steps"] = [int(s) for s in steps]
+    return attrs
+
+
+def _from_dict(
+    groups: dict[str, dict[str, np.ndarray]],
+    *,
+    attrs: dict[str, Any],
+    coords: dict[str, Any] | None,
+    dims: Mapping[str, Sequence[str]] | None,
+) -> Any:
+    """The one ArviZ-version-specific call: groups as keywords on 0.x, one nested dict on 1.x.
+
+    ``attrs`` go on every group and on the root (``InferenceData.attrs`` / ``DataTree.attrs``).
+    """
+    import arviz as az
+
+    dims = None if dims is None else {k: list(v) for k, v in dims.items()}
+    if int(az.__version__.split(".")[0]) >= 1:
+        # arviz_base.from_dict(data: {group: {var: array}}, ..., attrs={group or "/": dict})
+        group_attrs = {group: dict(attrs) for group in groups}
+        return az.from_dict(
+            groups, coords=coords, dims=dims, attrs={"/": dict(attrs), **group_attrs}
+        )
+    # ArviZ 0.x: from_dict(posterior=..., sample_stats=..., attrs=root, <group>_attrs=...)
+    group_attrs = {f"{group}_attrs": dict(attrs) for group in groups}
+    return az.from_dict(**groups, coords=coords, dims=dims, attrs=dict(attrs), **group_attrs)

@@ -1,0 +1,5 @@
+"""Inference for flat regions of a BNN posterior: MCMC kernels and SVI tools."""
+
+from pyro_flat.infer.mcmc import SGHMC, SGLD, CyclicalSGLD, SGMCMCKernel
+
+__all__ = ["SGMCMCKernel", "SGLD", "SGHMC", "CyclicalSGLD"]

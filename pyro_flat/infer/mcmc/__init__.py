@@ -1,0 +1,6 @@
+"""SG-MCMC kernels for :class:`pyro.infer.MCMC`."""
+
+from pyro_flat.infer.mcmc.base import SGMCMCKernel
+from pyro_flat.infer.mcmc.sgld import SGHMC, SGLD, CyclicalSGLD
+
+__all__ = ["SGMCMCKernel", "SGLD", "SGHMC", "CyclicalSGLD"]

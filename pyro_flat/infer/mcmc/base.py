@@ -1,0 +1,421 @@
+"""The base of every pyro_flat SG-MCMC kernel: one ``pyro.infer.MCMC`` kernel, many update rules.
+
+A subclass states its update rule in :meth:`SGMCMCKernel.update` (and, if it carries more state
+than the parameters, :meth:`init_kernel_state` / :meth:`kernel_state` /
+:meth:`load_kernel_state`); everything else lives here: tracing the model, transforms to the
+unconstrained space, initialisation, minibatches, the potential and its gradient, step-size
+schedules, thinning, warmup counting, per-draw statistics, divergence handling and checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import pyro.util
+import torch
+from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
+
+from pyro_flat import validation
+from pyro_flat.infer.mcmc.layout import FlatLayout
+from pyro_flat.infer.mcmc.minibatch import MinibatchStream
+from pyro_flat.infer.mcmc.potential import ModelPotential, trace_model
+
+_STATE_VERSION = 1
+
+
+class _UserPotential:
+    """Adapts a user's ``potential_fn(params) -> U`` to the ``(params, batch)`` call of the kernels."""
+
+    def __init__(self, potential_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor]):
+        self.potential_fn = potential_fn
+
+    def __call__(self, params: dict[str, torch.Tensor], batch: Any = None) -> torch.Tensor:
+        return self.potential_fn(params)
+
+
+class SGMCMCKernel(MCMCKernel):
+    r"""Base class of the stochastic-gradient MCMC kernels, for use with :class:`pyro.infer.MCMC`.
+
+    The target is :math:`\pi_T(\theta) \propto \exp(-U(\theta)/T)` with the minibatch potential
+    :math:`U(\theta) = -\log p(\theta) - \frac{N}{B}\sum_{i\in\mathcal{B}} \log p(y_i\mid\theta)`,
+    in the unconstrained space of Pyro's transforms (plus their log-Jacobian). Step sizes act on
+    ``U``: an SGD learning rate ``lr`` on the *mean* loss corresponds to ``step_size = lr / N``.
+
+    Parameters
+    ----------
+    model : callable, optional
+        A Pyro model. Give either ``model`` or ``potential_fn``.
+    step_size : float
+        The step size :math:`\epsilon` on ``U``; positive and finite.
+    potential_fn : callable, optional
+        ``potential_fn(params) -> U`` for a dict of unconstrained tensors; needs
+        ``initial_params`` (here or in ``MCMC``).
+    initial_params : dict, optional
+        Unconstrained starting values, one tensor per site.
+    temperature : float
+        :math:`T \ge 0`; ``T = 0`` is noiseless optimisation, ``T < 1`` a cold posterior.
+    subsample_size : int, optional
+        ``B``: minibatch a full-batch model. Model arguments whose leading dimension is ``N`` are
+        sliced with fresh indices at every step and the data plate is scaled by ``N / B``. A
+        model written with ``pyro.plate("data", N, subsample_size=B)`` is minibatched without it.
+    num_steps_per_sample : int
+        SG steps per returned draw (thinning), ``>= 1``.
+    step_size_schedule : callable, optional
+        ``t -> step size`` of the SG step index ``t = 0, 1, ...``, replacing ``step_size``.
+    init_strategy : callable, optional
+        A Pyro init strategy; the default, :func:`pyro_flat.nn.init_to_network`, starts from
+        the network's own PyTorch initialisation.
+    data_plate : str, optional
+        The name of the plate to subsample, when several plates enclose the observations.
+    max_nonfinite_steps : int
+        A chain whose potential or gradient stays non-finite this many steps in a row stops
+        with an error; shorter runs only mark their draws ``diverging`` and skip the update.
+
+    Notes
+    -----
+    Per-draw statistics ``lp`` (``-U`` of a minibatch at the draw), ``step_size`` (of the
+    step that produced the draw), ``grad_norm`` (``||grad U||`` at the draw) and ``diverging``
+    are returned by :meth:`diagnostics` under ``"sample_stats"`` (one tensor per statistic,
+    post-warmup draws only), so they reach the driver from worker processes too, and ``"divergences"``
+    lists the indices of diverging draws. ``lp`` and ``grad_norm`` are those of the first SG
+    step after the draw, which evaluates the potential at the draw anyway, so they cost nothing.
+    """
+
+    #: Names of the per-draw statistics this kernel records.
+    stat_names: tuple[str, ...] = ("lp", "step_size", "grad_norm", "diverging")
+
+    def __init__(
+        self,
+        model: Callable | None = None,
+        step_size: float | None = None,
+        *,
+        potential_fn: Callable | None = None,
+        initial_params: dict[str, torch.Tensor] | None = None,
+        temperature: float = 1.0,
+        subsample_size: int | None = None,
+        num_steps_per_sample: int = 1,
+        step_size_schedule: Callable[[int], float] | None = None,
+        init_strategy: Callable | None = None,
+        data_plate: str | None = None,
+        max_nonfinite_steps: int = 100,
+    ):
+        if (model is None) == (potential_fn is None):
+            raise ValueError("give exactly one of model and potential_fn")
+        if step_size is None and step_size_schedule is None:
+            raise ValueError("step_size is required: a finite number in (0, inf)")
+        if step_size_schedule is not None and not callable(step_size_schedule):
+            raise ValueError("step_size_schedule must be a callable of the step index")
+        if subsample_size is not None:
+            validation.integer_at_least("subsample_size", subsample_size, 1)
+            if potential_fn is not None:
+                raise ValueError("subsample_size needs a model; a potential_fn subsamples itself")
+        self.model = model
+        self.potential_fn = potential_fn
+        self.step_size = None if step_size is None else validation.positive("step_size", step_size)
+        self.temperature = validation.nonnegative("temperature", temperature)
+        self.subsample_size = subsample_size
+        self.num_steps_per_sample = validation.integer_at_least(
+            "num_steps_per_sample", num_steps_per_sample, 1
+        )
+        self.step_size_schedule = step_size_schedule
+        self.init_strategy = init_strategy
+        self.data_plate = data_plate
+        self.max_nonfinite_steps = validation.integer_at_least(
+            "max_nonfinite_steps", max_nonfinite_steps, 1
+        )
+        self._kernel_initial_params = initial_params
+        self._user_initial_params: dict[str, torch.Tensor] | None = None
+        self._initial_params: dict[str, torch.Tensor] | None = None
+        self._resume_state: dict[str, Any] | None = None
+        self.transforms = {} if model is None else None
+        self._z: torch.Tensor | None = None
+        self._t = 0
+
+    # ------------------------------------------------------------------ subclass interface
+
+    def init_kernel_state(self, z: torch.Tensor) -> None:
+        """Allocate the kernel's own state (momentum, ...) for the flat parameters ``z``."""
+
+    def kernel_state(self) -> dict[str, Any]:
+        """The kernel's own state, for :meth:`state_dict`."""
+        return {}
+
+    def load_kernel_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`kernel_state` returned."""
+
+    def update(self, z: torch.Tensor, grad: torch.Tensor, step_size: float) -> None:
+        """Move the flat parameters ``z`` in place, given ``grad = grad U(z)``."""
+        raise NotImplementedError
+
+    def reset_kernel_state(self) -> None:
+        """Called when the chain falls back to its last draw after a non-finite step."""
+
+    def steps_for_next_draw(self) -> int:
+        """How many SG steps the next call of :meth:`sample` runs."""
+        return self.num_steps_per_sample
+
+    def gradient(self, batch: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(U, grad U)`` at the current parameters on ``batch``; ``grad`` is flat."""
+        return self.potential_and_grad(batch)
+
+    # ------------------------------------------------------------------ MCMCKernel interface
+
+    @property
+    def initial_params(self) -> dict[str, torch.Tensor] | None:
+        return self._initial_params
+
+    @initial_params.setter
+    def initial_params(self, params: dict[str, torch.Tensor]) -> None:
+        self._user_initial_params = params
+
+    @property
+    def layout(self) -> FlatLayout:
+        """Where each site lives in the flat parameter vector (after :meth:`setup`)."""
+        return self._layout
+
+    @property
+    def num_steps(self) -> int:
+        """SG steps taken so far by this chain (continues across a resume)."""
+        return self._t
+
+    def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
+        self._warmup_steps = warmup_steps
+        self._draw = 0
+        self._stream: MinibatchStream | None = None
+        if self.model is not None:
+            if self.init_strategy is None:
+                from pyro_flat.nn import init_to_network as init_strategy
+            else:
+                init_strategy = self.init_strategy
+            layout, init, plate, flat_prior = trace_model(
+                self.model, args, kwargs, init_strategy, self.subsample_size, self.data_plate
+            )
+            self.potential = ModelPotential(self.model, args, kwargs, layout, plate, flat_prior)
+            self.transforms = {s.name: s.transform.inv for s in layout.sites if s.transform}
+            if plate is not None:
+                device = _device_of(args, kwargs)
+                self._stream = MinibatchStream(plate.size, plate.batch_size, device)
+        else:
+            init = self._user_initial_params or self._kernel_initial_params
+            if init is None:
+                raise ValueError("a potential_fn needs initial_params, in the kernel or in MCMC")
+            layout = FlatLayout.from_shapes({k: v.shape for k, v in init.items()})
+            self.potential = _UserPotential(self.potential_fn)
+        self._layout = layout
+
+        state, self._resume_state = self._resume_state, None
+        if state is not None:
+            z = self._restore(state)
+        else:
+            init = self._user_initial_params or self._kernel_initial_params or init
+            z = layout.flatten(init).to(next(iter(init.values())).dtype)
+            self._t = 0
+            self.init_kernel_state(z)
+        self._user_initial_params = None
+        self._z = z
+        self._grad = torch.empty_like(z)
+        self._z_finite = z.detach().clone()
+        self._leaves = [
+            z[s.offset : s.stop].view(s.shape).detach().requires_grad_() for s in layout.sites
+        ]
+        self._params = {s.name: leaf for s, leaf in zip(layout.sites, self._leaves)}
+        self._stats: dict[str, list] = {name: [] for name in self.stat_names}
+        self._pending: int | None = None
+        self._nonfinite = 0
+        self._last = (math.nan, math.nan, math.nan)
+        self._last_flat = z.detach().clone()
+        self._initial_params = self._layout.views(self._last_flat)
+        self._last_draw = self._initial_params
+
+    def sample(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if params is not self._last_draw:
+            self._z.copy_(self._layout.flatten(params))
+        self._diverged = False
+        for _ in range(self.steps_for_next_draw()):
+            self._sg_step()
+        if self._draw >= self._warmup_steps:
+            self._record_draw()
+        self._draw += 1
+        self._last_flat = self._z.detach().clone()
+        self._last_draw = self._layout.views(self._last_flat)
+        return self._last_draw
+
+    def logging(self) -> OrderedDict:
+        u, _, eps = self._last
+        ndiv = sum(self._stats["diverging"])
+        return OrderedDict(
+            [("step size", f"{eps:.2e}"), ("lp", f"{-u:.4g}"), ("diverging", int(ndiv))]
+        )
+
+    def diagnostics(self) -> dict[str, Any]:
+        if self._pending is not None:
+            self._evaluate_pending_draw()
+        stats = {}
+        for name, values in self._stats.items():
+            dtype = torch.bool if name == "diverging" else torch.get_default_dtype()
+            stats[name] = torch.tensor(values, dtype=dtype)
+        divergences = [i for i, d in enumerate(self._stats["diverging"]) if d]
+        return {"divergences": divergences, "sample_stats": stats, "num_sg_steps": self._t}
+
+    # ------------------------------------------------------------------ the hot path
+
+    def potential_and_grad(
+        self, batch: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(U, grad U)`` at the current parameters; the gradient is written to a flat buffer."""
+        with torch.enable_grad():
+            u = torch.as_tensor(self.potential(self._params, batch))
+            if u.requires_grad:
+                grads = torch.autograd.grad(u, self._leaves, allow_unused=True)
+            else:
+                grads = [None] * len(self._leaves)
+        if any(g is None for g in grads):
+            grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, self._leaves)]
+        torch.cat([g.reshape(-1) for g in grads], out=self._grad)
+        u = u.detach()
+        flat_prior = getattr(self.potential, "flat_prior", None)
+        if flat_prior is not None:
+            u = u + flat_prior.value_and_grad_(self._z, self._grad)
+        return u, self._grad
+
+    def current_step_size(self) -> float:
+        """The step size of the next SG step."""
+        if self.step_size_schedule is None:
+            return self.step_size
+        eps = self.step_size_schedule(self._t)
+        if not (isinstance(eps, int | float) or torch.is_tensor(eps)) or not (
+            math.isfinite(float(eps)) and float(eps) > 0
+        ):
+            raise ValueError(
+                f"step_size_schedule({self._t}) returned {eps!r}; it must return a finite "
+                "number in (0, inf)"
+            )
+        return float(eps)
+
+    def _sg_step(self) -> None:
+        eps = self.current_step_size()
+        batch = self._stream.next() if self._stream is not None else None
+        u_t, grad = self.gradient(batch)
+        u, gnorm = float(u_t), float(torch.linalg.vector_norm(grad))
+        finite = math.isfinite(u) and math.isfinite(gnorm)
+        if self._pending is not None:
+            self._stats["lp"][self._pending] = -u
+            self._stats["grad_norm"][self._pending] = gnorm
+            if not finite:
+                self._stats["diverging"][self._pending] = True
+            self._pending = None
+        if finite:
+            self._z_finite.copy_(self._z)
+            self.update(self._z, grad, eps)
+            self._nonfinite = 0
+        else:
+            # The state itself may be the problem: fall back to the last state whose potential
+            # and gradient were finite and try again with a fresh minibatch and fresh noise.
+            self._diverged = True
+            self._nonfinite += 1
+            if self._nonfinite >= self.max_nonfinite_steps:
+                raise RuntimeError(self._divergence_message(u, grad))
+            self._z.copy_(self._z_finite)
+            self.reset_kernel_state()
+        self._t += 1
+        self._last = (u, gnorm, eps)
+
+    def _record_draw(self) -> None:
+        self._stats["lp"].append(math.nan)
+        self._stats["grad_norm"].append(math.nan)
+        self._stats["step_size"].append(self._last[2])
+        self._stats["diverging"].append(self._diverged)
+        self._pending = len(self._stats["lp"]) - 1
+        self.record_stats()
+
+    def record_stats(self) -> None:
+        """Append this kernel's extra per-draw statistics (subclasses with extra ``stat_names``)."""
+
+    def _evaluate_pending_draw(self) -> None:
+        """Fill in ``lp`` and ``grad_norm`` of the last draw without disturbing the random stream."""
+        rng = pyro.util.get_rng_state()
+        try:
+            batch = self._stream.peek() if self._stream is not None else None
+            u_t, grad = self.potential_and_grad(batch)
+            u, gnorm = float(u_t), float(torch.linalg.vector_norm(grad))
+        finally:
+            pyro.util.set_rng_state(rng)
+        i, self._pending = self._pending, None
+        self._stats["lp"][i] = -u
+        self._stats["grad_norm"][i] = gnorm
+        if not (math.isfinite(u) and math.isfinite(gnorm)):
+            self._stats["diverging"][i] = True
+
+    def _divergence_message(self, u: float, grad: torch.Tensor) -> str:
+        sites = self._layout.nonfinite_sites(grad) or self._layout.nonfinite_sites(self._z)
+        where = f"; non-finite gradient at sites {sites}" if sites else ""
+        return (
+            f"the chain diverged: the potential or its gradient was non-finite for "
+            f"{self._nonfinite} consecutive SG steps, the last at step {self._t} "
+            f"(U = {u}){where}. Try a smaller step_size."
+        )
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue this chain exactly where it stopped.
+
+        Call it between draws (after ``MCMC.run`` or from a ``hook_fn``); pass the result to
+        :meth:`load_state_dict` of a kernel built with the same arguments before the next run.
+        """
+        if self._z is None:
+            raise RuntimeError("state_dict() needs a kernel that has run (or been set up)")
+        return {
+            "version": _STATE_VERSION,
+            "kernel": type(self).__name__,
+            "sites": [(s.name, tuple(s.shape)) for s in self._layout.sites],
+            "z": self._z.detach().clone(),
+            "num_sg_steps": self._t,
+            "kernel_state": {
+                k: v.clone() if torch.is_tensor(v) else v for k, v in self.kernel_state().items()
+            },
+            "minibatch": None if self._stream is None else self._stream.state_dict(),
+            "rng": pyro.util.get_rng_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` at the next :meth:`setup` (i.e. the next ``MCMC.run``)."""
+        if state.get("version") != _STATE_VERSION or state.get("kernel") != type(self).__name__:
+            raise ValueError(
+                f"state was saved by {state.get('kernel')!r} (version {state.get('version')}), "
+                f"not by {type(self).__name__} (version {_STATE_VERSION})"
+            )
+        self._resume_state = state
+
+    def _restore(self, state: dict[str, Any]) -> torch.Tensor:
+        sites = [(s.name, tuple(s.shape)) for s in self._layout.sites]
+        if [tuple(x) for x in state["sites"]] != [(n, tuple(s)) for n, s in sites]:
+            raise ValueError(f"saved sites {state['sites']} differ from the model's {sites}")
+        z = state["z"].clone()
+        self._t = int(state["num_sg_steps"])
+        self.init_kernel_state(z)
+        self.load_kernel_state(state["kernel_state"])
+        if self._stream is not None and state["minibatch"] is not None:
+            self._stream.load_state_dict(state["minibatch"])
+        pyro.util.set_rng_state(state["rng"])
+        return z
+
+    def __getstate__(self) -> dict[str, Any]:
+        # What a worker process needs: the arguments, not the per-run state.
+        keep = {}
+        for k, v in self.__dict__.items():
+            if k in ("potential", "_leaves", "_params", "_grad", "_last_draw", "_initial_params",
+                     "_last_flat", "_z_finite"):
+                continue
+            keep[k] = v
+        return keep
+
+
+def _device_of(args: tuple, kwargs: dict) -> torch.device:
+    for a in (*args, *kwargs.values()):
+        if torch.is_tensor(a):
+            return a.device
+    return torch.device("cpu")

@@ -1,0 +1,58 @@
+r"""Update rules on flat parameter tensors, shared by the kernels. All updates are in place.
+
+``noise`` is a preallocated buffer the size of the parameters; each rule refills it with one
+``normal_()`` call, so a step allocates nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def langevin_step_(
+    theta: torch.Tensor,
+    grad: torch.Tensor,
+    step_size: float,
+    temperature: float,
+    noise: torch.Tensor,
+) -> None:
+    r"""Overdamped Langevin (SGLD) step :math:`\theta \leftarrow \theta - \epsilon \nabla U +
+    \sqrt{2 \epsilon T}\,\xi`, :math:`\xi \sim \mathcal{N}(0, I)`.
+
+    Welling & Teh (2011), "Bayesian learning via stochastic gradient Langevin dynamics".
+    With ``temperature = 0`` it is a gradient-descent step and draws no noise.
+    """
+    theta.add_(grad, alpha=-step_size)
+    if temperature > 0:
+        theta.add_(noise.normal_(), alpha=math.sqrt(2.0 * step_size * temperature))
+
+
+def underdamped_step_(
+    theta: torch.Tensor,
+    momentum: torch.Tensor,
+    grad: torch.Tensor,
+    step_size: float,
+    friction: float,
+    mass: float,
+    temperature: float,
+    noise: torch.Tensor,
+    noise_estimate: float = 0.0,
+) -> None:
+    r"""SGHMC step of Chen, Fox & Guestrin (2014), Eq. (13), Euler-discretised:
+
+    .. math::
+
+        r &\leftarrow r - \epsilon \nabla U(\theta) - \epsilon C M^{-1} r
+              + \mathcal{N}\big(0,\ 2 (C - \hat B)\,\epsilon T\big) \\
+        \theta &\leftarrow \theta + \epsilon M^{-1} r
+
+    with friction :math:`C`, scalar mass :math:`M` and gradient-noise estimate :math:`\hat B`.
+    The stationary law is :math:`\exp(-U(\theta)/T)\,\mathcal{N}(r; 0, M T)`.
+    """
+    momentum.mul_(1.0 - step_size * friction / mass).add_(grad, alpha=-step_size)
+    variance = 2.0 * (friction - noise_estimate) * step_size * temperature
+    if variance > 0:
+        momentum.add_(noise.normal_(), alpha=math.sqrt(variance))
+    theta.add_(momentum, alpha=step_size / mass)

@@ -1,0 +1,79 @@
+"""Minibatch indices for SG-MCMC: epoch-wise shuffling without replacement.
+
+Each epoch is one random permutation of ``range(N)`` cut into ``N // B`` minibatches of ``B``
+indices (the remainder is dropped, as ``DataLoader(drop_last=True)`` does). Compared with
+Pyro's own plate subsampling, which draws ``randperm(N)[:B]`` afresh at every step, this costs
+one permutation per epoch instead of one per step and visits every datum once per epoch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class MinibatchStream:
+    """An endless stream of minibatch index tensors over ``range(size)``.
+
+    Parameters
+    ----------
+    size : int
+        ``N``, the number of data points in the subsampled plate.
+    batch_size : int
+        ``B``, the number of indices per minibatch, ``1 <= B <= N``.
+    device : torch.device, optional
+        Where the index tensors live (the device of the data).
+    """
+
+    def __init__(self, size: int, batch_size: int, device: torch.device | str | None = None):
+        if not 1 <= batch_size <= size:
+            raise ValueError(
+                f"subsample_size must be an integer in [1, {size}] (the plate size), "
+                f"got {batch_size}"
+            )
+        self.size = int(size)
+        self.batch_size = int(batch_size)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self._perm: torch.Tensor | None = None
+        self._pos = 0
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.size // self.batch_size
+
+    def _fresh_perm(self) -> torch.Tensor:
+        return torch.randperm(self.size, device=self.device)
+
+    def next(self) -> torch.Tensor:
+        """The next minibatch; starts a new epoch (a new permutation) when the current one ends."""
+        if self._perm is None or self._pos + self.batch_size > self.size:
+            self._perm = self._fresh_perm()
+            self._pos = 0
+        batch = self._perm[self._pos : self._pos + self.batch_size]
+        self._pos += self.batch_size
+        return batch
+
+    def peek(self) -> torch.Tensor:
+        """The minibatch that :meth:`next` would return, without advancing the stream.
+
+        At the end of an epoch this draws a permutation that is then discarded: callers that
+        must not disturb the random stream save and restore the RNG state around it.
+        """
+        if self._perm is None or self._pos + self.batch_size > self.size:
+            return self._fresh_perm()[: self.batch_size]
+        return self._perm[self._pos : self._pos + self.batch_size]
+
+    def state_dict(self) -> dict[str, Any]:
+        perm = None if self._perm is None else self._perm.clone()
+        return {"size": self.size, "batch_size": self.batch_size, "perm": perm, "pos": self._pos}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["size"] != self.size or state["batch_size"] != self.batch_size:
+            raise ValueError(
+                f"saved minibatch stream is over {state['size']} points in batches of "
+                f"{state['batch_size']}, this one over {self.size} in batches of {self.batch_size}"
+            )
+        perm = state["perm"]
+        self._perm = None if perm is None else perm.to(self.device)
+        self._pos = int(state["pos"])

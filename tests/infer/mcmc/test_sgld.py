@@ -1,0 +1,157 @@
+"""SGLD, SGHMC and cyclical SGLD on Gaussian targets, against their exact stationary laws.
+
+Each run samples 256 independent chains at once (the target is vectorised, see
+``harness.GaussianTarget``), so every moment has a Monte Carlo standard error of about 0.01 and
+the checks in ``harness.check_gaussian`` use 4.5 standard errors.
+"""
+
+import math
+
+import harness
+import pytest
+import torch
+
+from pyro_flat.infer import SGHMC, SGLD, CyclicalSGLD
+
+
+def sgld_exact_cov(target, step_size, temperature=1.0, grad_noise=0.0):
+    a = target.precision.double()
+    f = torch.eye(2, dtype=torch.double) - step_size * a
+    q = (2 * step_size * temperature + step_size**2 * grad_noise**2) * torch.eye(2)
+    return harness.stationary_covariance(f, q)
+
+
+def sghmc_exact_cov(target, eps, friction, mass, temperature=1.0):
+    a = target.precision.double()
+    i = torch.eye(2, dtype=torch.double)
+    decay = 1 - eps * friction / mass
+    # state (theta, r): r' = decay r - eps A theta + n ; theta' = theta + eps/M r'
+    f = torch.cat([
+        torch.cat([i - eps**2 / mass * a, eps / mass * decay * i], dim=1),
+        torch.cat([-eps * a, decay * i], dim=1),
+    ])
+    g = torch.cat([eps / mass * i, i])
+    q = 2 * friction * eps * temperature * g @ g.T
+    return harness.stationary_covariance(f, q)[:2, :2]
+
+
+@pytest.mark.parametrize("grad_noise", [0.0, 1.0])
+def test_sgld_gaussian(grad_noise):
+    target = harness.correlated_2d(grad_noise)
+    eps = 0.05
+    kernel = SGLD(potential_fn=target, initial_params=target.initial_params(), step_size=eps,
+                  num_steps_per_sample=5)
+    mcmc = harness.run(kernel, num_samples=600, warmup_steps=40)
+    exact = sgld_exact_cov(target, eps, grad_noise=grad_noise)
+    harness.check_gaussian(harness.chains_of(mcmc), target.mean, target.cov, exact_cov=exact)
+
+
+def test_sgld_spread_scales_as_sqrt_temperature():
+    target = harness.correlated_2d()
+    stds = {}
+    for t in (0.25, 1.0, 4.0):
+        kernel = SGLD(potential_fn=target, initial_params=target.initial_params(),
+                      step_size=0.05, temperature=t, num_steps_per_sample=5)
+        chains = harness.chains_of(harness.run(kernel, num_samples=300, warmup_steps=40))
+        stds[t] = chains.reshape(-1, 2).std(0)
+        n_eff = harness.ess(chains)
+    tol = harness.sqrt_ratio_tolerance(n_eff) * math.sqrt(2)  # a ratio of two estimates
+    assert tol < 0.1, "chains too short for the 10% target"
+    for t in (0.25, 4.0):
+        ratio = stds[t] / stds[1.0] / math.sqrt(t)
+        assert torch.all((ratio - 1).abs() < 0.1), f"T={t}: std ratio / sqrt(T) = {ratio}"
+
+
+def test_sghmc_gaussian():
+    target = harness.correlated_2d()
+    eps, friction, mass = 0.1, 3.0, 1.0
+    kernel = SGHMC(potential_fn=target, initial_params=target.initial_params(), step_size=eps,
+                   friction=friction, mass=mass, num_steps_per_sample=5)
+    mcmc = harness.run(kernel, num_samples=600, warmup_steps=40)
+    exact = sghmc_exact_cov(target, eps, friction, mass)
+    harness.check_gaussian(harness.chains_of(mcmc), target.mean, target.cov, exact_cov=exact)
+
+
+def test_sghmc_gaussian_at_temperature_with_mass():
+    target = harness.correlated_2d()
+    eps, friction, mass, temp = 0.1, 4.0, 2.0, 0.5
+    kernel = SGHMC(potential_fn=target, initial_params=target.initial_params(), step_size=eps,
+                   friction=friction, mass=mass, temperature=temp, num_steps_per_sample=5)
+    mcmc = harness.run(kernel, num_samples=600, warmup_steps=60)
+    exact = sghmc_exact_cov(target, eps, friction, mass, temp)
+    harness.check_gaussian(harness.chains_of(mcmc), target.mean, temp * target.cov,
+                           exact_cov=exact)
+
+
+def cyclical_exact_cov(kernel, target, cycles=30):
+    """Covariance at the draws, by running the covariance recursion through whole cycles."""
+    a = target.precision.double()
+    i = torch.eye(2, dtype=torch.double)
+    p = torch.zeros(2, 2, dtype=torch.double)
+    at_draw = None
+    for t in range(cycles * kernel.cycle_length):
+        eps = kernel._cosine(t)
+        temp = 0.0 if kernel.in_exploration(t) else kernel.temperature
+        f = i - eps * a
+        p = f @ p @ f.T + 2 * eps * temp * i
+        if t % kernel.cycle_length == kernel.cycle_length - 1:
+            at_draw = p
+    return at_draw
+
+
+def test_cyclical_sgld_schedule_and_draw_positions():
+    target = harness.correlated_2d(num_chains=1)
+    kernel = CyclicalSGLD(potential_fn=target, initial_params=target.initial_params(),
+                          step_size=0.2, cycle_length=10, exploration_fraction=0.5,
+                          draws_per_cycle=2)
+    assert kernel._cosine(0) == pytest.approx(0.2)
+    assert kernel._cosine(5) == pytest.approx(0.1)
+    assert kernel._cosine(13) == pytest.approx(0.1 * (math.cos(math.pi * 0.3) + 1))
+    assert [kernel.in_exploration(t) for t in range(10)] == [True] * 5 + [False] * 5
+    mcmc = harness.run(kernel, num_samples=6, warmup_steps=0)
+    assert kernel.num_steps == 30  # 3 cycles, 2 draws each, the last at the end of a cycle
+    stats = mcmc._diagnostics[0]["sample_stats"]
+    expected = [kernel._cosine(t) for t in (7, 9, 17, 19, 27, 29)]
+    assert torch.allclose(stats["step_size"], torch.tensor(expected))
+
+
+def test_cyclical_sgld_gaussian():
+    target = harness.correlated_2d()
+    kernel = CyclicalSGLD(potential_fn=target, initial_params=target.initial_params(),
+                          step_size=0.4, cycle_length=100, exploration_fraction=0.5)
+    mcmc = harness.run(kernel, num_samples=60, warmup_steps=2)
+    exact = cyclical_exact_cov(kernel, target)
+    harness.check_gaussian(harness.chains_of(mcmc), target.mean, target.cov, exact_cov=exact)
+
+
+def test_sghmc_from_sgd_matches_momentum_form():
+    k = SGHMC.from_sgd(lambda: None, lr=0.1, momentum=0.9, num_data=1000)
+    # eta = eps^2 / M = lr / N and alpha = eps C / M = 1 - momentum
+    assert k.step_size**2 / k.mass == pytest.approx(0.1 / 1000)
+    assert k.step_size * k.friction / k.mass == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(friction=0.0), "friction"),
+    (dict(mass=-1.0), "mass"),
+    (dict(noise_estimate=2.0), "noise_estimate"),
+    (dict(step_size=2.0), "step_size \\* friction / mass"),
+])
+def test_sghmc_bad_input(kwargs, match):
+    args = dict(step_size=0.1, friction=1.0)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        SGHMC(lambda: None, **args)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(cycle_length=1), "cycle_length"),
+    (dict(exploration_fraction=1.0), "exploration_fraction"),
+    (dict(draws_per_cycle=5), "draws_per_cycle"),
+    (dict(num_steps_per_sample=2), "num_steps_per_sample"),
+])
+def test_cyclical_bad_input(kwargs, match):
+    args = dict(step_size=0.1, cycle_length=10)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        CyclicalSGLD(lambda: None, **args)

@@ -1,0 +1,236 @@
+"""Tests of ``pyro_flat.to_arviz``: real runs of SGLD, SGHMC and NUTS exported to ArviZ."""
+
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+
+import numpy as np
+import pyro
+import pyro.distributions as dist
+import pyro.infer.mcmc.api
+import pytest
+import torch
+from pyro.infer import MCMC, NUTS
+
+from pyro_flat import to_arviz
+from pyro_flat.infer import SGHMC, SGLD
+
+with warnings.catch_warnings():  # ArviZ 0.23 announces its 1.x refactor on import
+    warnings.simplefilter("ignore", FutureWarning)
+    import arviz as az
+
+NUM_SAMPLES = 30
+N = 200
+
+
+def model(x, y):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+    s = pyro.sample("s", dist.HalfNormal(1.0))
+    with pyro.plate("data", len(x), subsample_size=32) as i:
+        pyro.sample("y", dist.Normal(x[i] @ w, s), obs=y[i])
+
+
+def tiny_model(y):
+    mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    with pyro.plate("data", len(y)):
+        pyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+def _run(kernel, num_chains: int, *args) -> MCMC:
+    """Run ``kernel`` with chains drawn sequentially in this process, whatever the core count."""
+    pyro.set_rng_seed(0)
+    with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
+        mp.setattr(pyro.infer.mcmc.api.mp, "cpu_count", lambda: 1)
+        warnings.filterwarnings("ignore", message="num_chains=.*sequentially")
+        mcmc = MCMC(kernel, num_samples=NUM_SAMPLES, warmup_steps=10, num_chains=num_chains,
+                    disable_progbar=True)
+        mcmc.run(*args)
+    return mcmc
+
+
+@pytest.fixture(scope="module")
+def data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(N, 3, generator=g)
+    y = x @ torch.tensor([1.0, -1.0, 0.5]) + 0.3 * torch.randn(N, generator=g)
+    return x, y
+
+
+@pytest.fixture(scope="module")
+def runs(data):
+    return {
+        "sgld1": _run(SGLD(model, step_size=1e-3, num_steps_per_sample=2), 1, *data),
+        "sgld2": _run(SGLD(model, step_size=1e-3, num_steps_per_sample=2), 2, *data),
+        "sghmc2": _run(SGHMC(model, step_size=1e-3, friction=10.0), 2, *data),
+    }
+
+
+@pytest.fixture(scope="module")
+def nuts_run():
+    y = torch.randn(10, generator=torch.Generator().manual_seed(1)) + 0.5
+    return _run(NUTS(tiny_model), 1, y)
+
+
+RUNS = [("sgld1", 1, "SGLD"), ("sgld2", 2, "SGLD"), ("sghmc2", 2, "SGHMC")]
+
+
+@pytest.mark.parametrize("key,chains,kernel", RUNS)
+def test_groups_dims_shapes(runs, key, chains, kernel):
+    idata = to_arviz(runs[key])
+    assert set(idata.groups()) == {"posterior", "sample_stats"}
+    post = idata.posterior
+    assert set(post.data_vars) == {"w", "s"}
+    assert post["w"].dims == ("chain", "draw", "w_dim_0")
+    assert post["w"].shape == (chains, NUM_SAMPLES, 3)
+    assert post["s"].dims == ("chain", "draw")
+    assert post["s"].shape == (chains, NUM_SAMPLES)
+    np.testing.assert_array_equal(post["draw"].values, np.arange(NUM_SAMPLES))
+    for name in idata.sample_stats.data_vars:
+        assert idata.sample_stats[name].dims == ("chain", "draw")
+        assert idata.sample_stats[name].shape == (chains, NUM_SAMPLES)
+
+
+@pytest.mark.parametrize("key,chains,kernel", RUNS)
+def test_posterior_equals_get_samples_without_copy(runs, key, chains, kernel):
+    mcmc = runs[key]
+    idata = to_arviz(mcmc)
+    for name, value in mcmc.get_samples(group_by_chain=True).items():
+        exported = idata.posterior[name].values
+        np.testing.assert_array_equal(exported, value.numpy())
+        assert exported.dtype == np.float32
+        assert np.shares_memory(exported, value.numpy())
+    assert float(idata.posterior["s"].min()) > 0  # constrained space
+
+
+@pytest.mark.parametrize("key,chains,kernel", RUNS)
+def test_sample_stats(runs, key, chains, kernel):
+    mcmc = runs[key]
+    stats = to_arviz(mcmc).sample_stats
+    assert {"lp", "step_size", "grad_norm", "diverging"} <= set(stats.data_vars)
+    assert stats["diverging"].dtype == bool
+    assert not stats["diverging"].values.any()
+    np.testing.assert_allclose(stats["step_size"].values, 1e-3, rtol=1e-6)
+    assert np.isfinite(stats["lp"].values).all()
+    assert (stats["grad_norm"].values > 0).all()
+    for c in range(chains):
+        for name, value in mcmc._diagnostics[c]["sample_stats"].items():
+            np.testing.assert_array_equal(stats[name].values[c], value.numpy())
+
+
+@pytest.mark.parametrize("key,chains,kernel", RUNS)
+def test_attrs(runs, key, chains, kernel):
+    idata = to_arviz(runs[key])
+    steps = [d["num_sg_steps"] for d in runs[key]._diagnostics]
+    for attrs in (idata.attrs, idata.posterior.attrs, idata.sample_stats.attrs):
+        assert attrs["inference_library"] == "pyro"
+        assert attrs["inference_library_version"] == pyro.__version__
+        assert attrs["pyro_flat_kernel"] == kernel
+        assert list(attrs["num_sg_steps"]) == steps
+    assert len(steps) == chains and all(s > 0 for s in steps)
+
+
+@pytest.mark.filterwarnings("ignore:More chains:UserWarning")  # ArviZ, when one draw is kept
+@pytest.mark.parametrize("thin", [1, 3, 7, NUM_SAMPLES, NUM_SAMPLES + 5])
+def test_thin(runs, thin):
+    mcmc = runs["sgld2"]
+    idata = to_arviz(mcmc, thin=thin)
+    kept = np.arange(0, NUM_SAMPLES, thin)
+    np.testing.assert_array_equal(idata.posterior["draw"].values, kept)
+    np.testing.assert_array_equal(idata.sample_stats["draw"].values, kept)
+    samples = mcmc.get_samples(group_by_chain=True)
+    np.testing.assert_array_equal(idata.posterior["w"].values, samples["w"].numpy()[:, ::thin])
+    for c in range(2):
+        lp = mcmc._diagnostics[c]["sample_stats"]["lp"].numpy()
+        np.testing.assert_array_equal(idata.sample_stats["lp"].values[c], lp[::thin])
+
+
+@pytest.mark.parametrize("thin", [0, -1, 1.5, "2", True, None])
+def test_thin_invalid(runs, thin):
+    with pytest.raises(ValueError, match="thin"):
+        to_arviz(runs["sgld1"], thin=thin)
+
+
+def test_var_names(runs):
+    mcmc = runs["sgld2"]
+    assert set(to_arviz(mcmc, var_names="w").posterior.data_vars) == {"w"}
+    idata = to_arviz(mcmc, var_names=["s", "w"])
+    assert list(idata.posterior.data_vars) == ["s", "w"]
+    assert "lp" in idata.sample_stats  # statistics are per draw, not per site
+    for bad in (["w", "bias"], "bias", []):
+        with pytest.raises(ValueError, match=r"var_names.*available: \['s', 'w'\]"):
+            to_arviz(mcmc, var_names=bad)
+
+
+def test_coords_and_dims(runs):
+    idata = to_arviz(runs["sgld2"], dims={"w": ["feature"]}, coords={"feature": ["a", "b", "c"]})
+    assert idata.posterior["w"].dims == ("chain", "draw", "feature")
+    assert list(idata.posterior["feature"].values) == ["a", "b", "c"]
+    assert idata.posterior["w"].sel(feature="b").shape == (2, NUM_SAMPLES)
+
+
+@pytest.mark.filterwarnings("ignore::matplotlib.MatplotlibDeprecationWarning")
+def test_arviz_functions_run(runs):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for key in ("sgld2", "sghmc2"):
+        idata = to_arviz(runs[key])
+        summary = az.summary(idata)
+        assert {"w[0]", "w[1]", "w[2]", "s"} <= set(summary.index)
+        assert np.isfinite(summary["r_hat"]).all()
+        ess = az.ess(idata)
+        assert float(ess["s"]) > 0
+        rhat = az.rhat(idata)
+        assert np.isfinite(rhat["w"].values).all()
+        axes = az.plot_trace(idata)
+        assert axes.shape == (2, 2)
+        plt.close("all")
+    assert float(az.ess(to_arviz(runs["sgld1"]))["s"]) > 0  # one chain
+
+
+def test_nuts_exports_posterior_only(nuts_run):
+    idata = to_arviz(nuts_run)
+    assert set(idata.groups()) == {"posterior"}
+    np.testing.assert_array_equal(
+        idata.posterior["mu"].values, nuts_run.get_samples(group_by_chain=True)["mu"].numpy()
+    )
+    assert idata.posterior.attrs["pyro_flat_kernel"] == "NUTS"
+    assert "num_sg_steps" not in idata.posterior.attrs
+    assert to_arviz(nuts_run, thin=2).posterior["mu"].shape == (1, NUM_SAMPLES // 2)
+
+
+def test_unrun_mcmc_raises():
+    mcmc = MCMC(NUTS(tiny_model), num_samples=5, disable_progbar=True)
+    with pytest.raises(ValueError, match="mcmc.run"):
+        to_arviz(mcmc)
+
+
+def _fake_mcmc(sample_stats):
+    samples = {"w": torch.zeros(2, 4, 3)}
+    diags = [{"divergences": [], "sample_stats": s, "num_sg_steps": 8} for s in sample_stats]
+    return SimpleNamespace(
+        kernel=SGLD(model, step_size=1e-3),
+        _diagnostics=diags,
+        get_samples=lambda group_by_chain=False: samples,
+    )
+
+
+def test_malformed_statistics_are_left_out_with_a_warning():
+    good = {"lp": torch.zeros(4), "diverging": torch.tensor([0, 1, 0, 0])}
+    bad = {"lp": torch.zeros(3), "diverging": torch.zeros(4, dtype=torch.bool)}
+    with pytest.warns(RuntimeWarning, match="'lp'"):
+        idata = to_arviz(_fake_mcmc([good, bad]))
+    assert list(idata.sample_stats.data_vars) == ["diverging"]
+    assert idata.sample_stats["diverging"].dtype == bool  # cast from an integer tensor
+    assert idata.sample_stats["diverging"].values[0].tolist() == [False, True, False, False]
+
+
+def test_statistics_missing_in_one_chain_give_posterior_only():
+    mcmc = _fake_mcmc([{"lp": torch.zeros(4)}, {}])
+    del mcmc._diagnostics[1]["sample_stats"]
+    idata = to_arviz(mcmc)
+    assert set(idata.groups()) == {"posterior"}
+    assert list(idata.posterior.attrs["num_sg_steps"]) == [8, 8]
