@@ -27,7 +27,7 @@ _STATE_VERSION = 1
 
 
 class _UserPotential:
-    """Adapts a user's ``potential_fn(params) -> U`` to the ``(params, batch)`` call of the kernels."""
+    """Adapts a user's ``potential_fn(params) -> U`` to the kernels' ``(params, batch)`` call."""
 
     def __init__(self, potential_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor]):
         self.potential_fn = potential_fn
@@ -79,9 +79,10 @@ class SGMCMCKernel(MCMCKernel):
     Per-draw statistics ``lp`` (``-U`` of a minibatch at the draw), ``step_size`` (of the
     step that produced the draw), ``grad_norm`` (``||grad U||`` at the draw) and ``diverging``
     are returned by :meth:`diagnostics` under ``"sample_stats"`` (one tensor per statistic,
-    post-warmup draws only), so they reach the driver from worker processes too, and ``"divergences"``
-    lists the indices of diverging draws. ``lp`` and ``grad_norm`` are those of the first SG
-    step after the draw, which evaluates the potential at the draw anyway, so they cost nothing.
+    post-warmup draws only), so they reach the driver from worker processes too, and
+    ``"divergences"`` lists the indices of diverging draws. ``lp`` and ``grad_norm`` come from
+    the first SG step after the draw, which evaluates the potential at the draw anyway, so they
+    cost nothing.
     """
 
     #: Names of the per-draw statistics this kernel records.
@@ -221,7 +222,7 @@ class SGMCMCKernel(MCMCKernel):
         self._leaves = [
             z[s.offset : s.stop].view(s.shape).detach().requires_grad_() for s in layout.sites
         ]
-        self._params = {s.name: leaf for s, leaf in zip(layout.sites, self._leaves)}
+        self._params = {s.name: leaf for s, leaf in zip(layout.sites, self._leaves, strict=True)}
         self._stats: dict[str, list] = {name: [] for name in self.stat_names}
         self._pending: int | None = None
         self._nonfinite = 0
@@ -273,7 +274,10 @@ class SGMCMCKernel(MCMCKernel):
             else:
                 grads = [None] * len(self._leaves)
         if any(g is None for g in grads):
-            grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, self._leaves)]
+            grads = [
+                torch.zeros_like(x) if g is None else g
+                for g, x in zip(grads, self._leaves, strict=True)
+            ]
         torch.cat([g.reshape(-1) for g in grads], out=self._grad)
         u = u.detach()
         flat_prior = getattr(self.potential, "flat_prior", None)
@@ -335,7 +339,7 @@ class SGMCMCKernel(MCMCKernel):
         """Append this kernel's extra per-draw statistics (subclasses with extra ``stat_names``)."""
 
     def _evaluate_pending_draw(self) -> None:
-        """Fill in ``lp`` and ``grad_norm`` of the last draw without disturbing the random stream."""
+        """Fill in ``lp`` and ``grad_norm`` of the last draw; the random stream is restored."""
         rng = pyro.util.get_rng_state()
         try:
             batch = self._stream.peek() if self._stream is not None else None

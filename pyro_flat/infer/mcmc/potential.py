@@ -1,10 +1,11 @@
 """The minibatch potential of a Pyro model: the hot path of every SG-MCMC kernel.
 
-For unconstrained parameters ``z`` with constrained values ``x = T(z)`` (``T = biject_to(support)``),
+For unconstrained parameters ``z``, constrained values ``x = T(z)`` and ``T = biject_to(support)``,
 
 .. math::
 
-    U(z) = -\\log p(x) - \\log|\\det J_T(z)| - \\frac{N}{B} \\sum_{i \\in \\text{batch}} \\log p(y_i \\mid x)
+    U(z) = -\\log p(x) - \\log|\\det J_T(z)|
+           - \\frac{N}{B} \\sum_{i \\in \\text{batch}} \\log p(y_i \\mid x)
 
 The model runs once per evaluation under :class:`_LogJoint`, a small messenger that substitutes
 the latent values, injects the minibatch indices into the data plate and adds up the scaled
@@ -317,7 +318,8 @@ def trace_model(
     observed, common = _observed_plates(trace)
     plate: DataPlate | None = None
     if slice_size is not None:
-        candidates = {k: f for k, f in common.items() if f.full_size in (slice_size, subsample_size)}
+        sizes = (slice_size, subsample_size)
+        candidates = {k: f for k, f in common.items() if f.full_size in sizes}
         name = _choose_plate(candidates, data_plate, "subsample_size")
         plate = DataPlate(name, slice_size, subsample_size, True, positions, names)
     else:

@@ -69,8 +69,8 @@ class SGHMC(SGMCMCKernel):
     The momentum starts at zero. In the SGD-with-momentum form, with velocity
     :math:`v = \epsilon M^{-1} r`, this is :math:`v \leftarrow (1 - \alpha) v - \eta \nabla \hat U +
     \mathcal{N}(0, 2(\alpha - \hat\beta)\eta T)`, :math:`\theta \leftarrow \theta + v` with
-    learning rate :math:`\eta = \epsilon^2 / M` on ``U`` and :math:`\alpha = \epsilon C / M`; so SGD with
-    learning rate ``lr`` on the mean loss over ``N`` points and momentum ``mu`` is
+    learning rate :math:`\eta = \epsilon^2 / M` on ``U`` and :math:`\alpha = \epsilon C / M`; so SGD
+    with learning rate ``lr`` on the mean loss over ``N`` points and momentum ``mu`` is
     ``SGHMC.from_sgd(model, lr, mu, N)`` (``step_size=1``, ``mass=N/lr``,
     ``friction=(1-mu)N/lr``).
 
@@ -82,7 +82,8 @@ class SGHMC(SGMCMCKernel):
     mass : float
         Scalar mass :math:`M > 0`.
     noise_estimate : float
-        :math:`\hat B \in [0, C]`, an estimate of the gradient-noise variance term; ``0`` ignores it.
+        :math:`\hat B \in [0, C]`, an estimate of the gradient-noise term (``0`` ignores it);
+        gradient noise of variance :math:`s^2` per element is :math:`\hat B = \epsilon s^2 / 2`.
     **kwargs
         The arguments of :class:`SGMCMCKernel`.
 

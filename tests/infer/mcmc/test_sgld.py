@@ -46,13 +46,24 @@ def test_sgld_gaussian(grad_noise):
     harness.check_gaussian(harness.chains_of(mcmc), target.mean, target.cov, exact_cov=exact)
 
 
-def test_sgld_spread_scales_as_sqrt_temperature():
+def make_kernel(name, target, temperature):
+    common = dict(potential_fn=target, initial_params=target.initial_params(),
+                  temperature=temperature)
+    if name == "sgld":
+        return SGLD(step_size=0.05, num_steps_per_sample=5, **common)
+    if name == "sghmc":
+        return SGHMC(step_size=0.1, friction=3.0, num_steps_per_sample=5, **common)
+    return CyclicalSGLD(step_size=0.4, cycle_length=40, exploration_fraction=0.25, **common)
+
+
+@pytest.mark.parametrize("name", ["sgld", "sghmc", "csgld"])
+def test_spread_scales_as_sqrt_temperature(name):
     target = harness.correlated_2d()
     stds = {}
     for t in (0.25, 1.0, 4.0):
-        kernel = SGLD(potential_fn=target, initial_params=target.initial_params(),
-                      step_size=0.05, temperature=t, num_steps_per_sample=5)
-        chains = harness.chains_of(harness.run(kernel, num_samples=300, warmup_steps=40))
+        kernel = make_kernel(name, target, t)
+        draws = 120 if name == "csgld" else 300  # a cyclical draw costs a 40-step cycle
+        chains = harness.chains_of(harness.run(kernel, num_samples=draws, warmup_steps=4))
         stds[t] = chains.reshape(-1, 2).std(0)
         n_eff = harness.ess(chains)
     tol = harness.sqrt_ratio_tolerance(n_eff) * math.sqrt(2)  # a ratio of two estimates
@@ -70,6 +81,28 @@ def test_sghmc_gaussian():
     mcmc = harness.run(kernel, num_samples=600, warmup_steps=40)
     exact = sghmc_exact_cov(target, eps, friction, mass)
     harness.check_gaussian(harness.chains_of(mcmc), target.mean, target.cov, exact_cov=exact)
+
+
+@pytest.mark.parametrize("compensate", [False, True])
+def test_sghmc_gradient_noise_and_noise_estimate(compensate):
+    """Gradient noise N(0, s^2) adds eps^2 s^2 to the momentum noise; the noise estimate
+    B = eps s^2 / 2 removes exactly that, restoring the noiseless stationary law."""
+    s = 2.0
+    target = harness.correlated_2d(grad_noise=s)
+    eps, friction = 0.1, 3.0
+    b_hat = eps * s**2 / 2 if compensate else 0.0
+    kernel = SGHMC(potential_fn=target, initial_params=target.initial_params(), step_size=eps,
+                   friction=friction, noise_estimate=b_hat, num_steps_per_sample=5)
+    mcmc = harness.run(kernel, num_samples=600, warmup_steps=40)
+    # the exact law with momentum noise variance 2 (C - B) eps + eps^2 s^2
+    effective_friction_noise = friction - b_hat + eps * s**2 / 2
+    exact = sghmc_exact_cov(target, eps, friction, 1.0,
+                            temperature=effective_friction_noise / friction)
+    if compensate:
+        assert torch.allclose(exact, sghmc_exact_cov(target, eps, friction, 1.0))
+    tol, kl_max = (0.1, 0.01) if compensate else (0.25, 0.05)  # uncompensated: inflated law
+    harness.check_gaussian(harness.chains_of(mcmc), target.mean, target.cov, exact_cov=exact,
+                           target_tol=tol, kl_max=kl_max)
 
 
 def test_sghmc_gaussian_at_temperature_with_mass():
