@@ -226,6 +226,7 @@ class SGMCMCKernel(MCMCKernel):
         self._stats: dict[str, list] = {name: [] for name in self.stat_names}
         self._pending: int | None = None
         self._nonfinite = 0
+        self._num_diverging = 0
         self._last = (math.nan, math.nan, math.nan)
         self._last_flat = z.detach().clone()
         self._initial_params = self._layout.views(self._last_flat)
@@ -246,9 +247,12 @@ class SGMCMCKernel(MCMCKernel):
 
     def logging(self) -> OrderedDict:
         u, _, eps = self._last
-        ndiv = sum(self._stats["diverging"])
         return OrderedDict(
-            [("step size", f"{eps:.2e}"), ("lp", f"{-u:.4g}"), ("diverging", int(ndiv))]
+            [
+                ("step size", f"{eps:.2e}"),
+                ("lp", f"{-u:.4g}"),
+                ("non-finite steps", self._num_diverging),
+            ]
         )
 
     def diagnostics(self) -> dict[str, Any]:
@@ -319,6 +323,7 @@ class SGMCMCKernel(MCMCKernel):
             # The state itself may be the problem: fall back to the last state whose potential
             # and gradient were finite and try again with a fresh minibatch and fresh noise.
             self._diverged = True
+            self._num_diverging += 1
             self._nonfinite += 1
             if self._nonfinite >= self.max_nonfinite_steps:
                 raise RuntimeError(self._divergence_message(u, grad))
