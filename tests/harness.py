@@ -214,3 +214,30 @@ def mc_tolerance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def sqrt_ratio_tolerance(n_eff: torch.Tensor) -> float:
     """``Z`` relative standard errors of a sample standard deviation from ``n_eff`` draws."""
     return Z / math.sqrt(2 * float(n_eff.min()))
+
+
+def langevin_exact_cov(hessian: torch.Tensor, step_size: float, temperature: float = 1.0,
+                       grad_noise: float = 0.0) -> torch.Tensor:
+    """Stationary covariance of Euler-Maruyama Langevin on a quadratic energy with ``hessian``
+    (``x' = x - eps H x + N(0, 2 eps T + eps^2 s^2)``)."""
+    h = hessian.double()
+    i = torch.eye(len(h), dtype=torch.double)
+    q = (2 * step_size * temperature + step_size**2 * grad_noise**2) * i
+    return stationary_covariance(i - step_size * h, q)
+
+
+def underdamped_exact_cov(hessian: torch.Tensor, step_size: float, friction: float, mass: float,
+                          temperature: float = 1.0) -> torch.Tensor:
+    """Stationary covariance of the positions under the SGHMC step of
+    :func:`pyro_flat.infer.mcmc.integrators.underdamped_step_` on a quadratic energy:
+    ``r' = (1 - eps C/M) r - eps H x + n``, ``x' = x + eps/M r'``, ``n ~ N(0, 2 C eps T)``."""
+    h = hessian.double()
+    d = len(h)
+    i = torch.eye(d, dtype=torch.double)
+    eps, decay = step_size, 1 - step_size * friction / mass
+    f = torch.cat([
+        torch.cat([i - eps**2 / mass * h, eps / mass * decay * i], dim=1),
+        torch.cat([-eps * h, decay * i], dim=1),
+    ])
+    g = torch.cat([eps / mass * i, i])
+    return stationary_covariance(f, 2 * friction * eps * temperature * g @ g.T)[:d, :d]

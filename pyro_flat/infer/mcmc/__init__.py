@@ -1,6 +1,7 @@
 """SG-MCMC kernels for :class:`pyro.infer.MCMC`."""
 
 from pyro_flat.infer.mcmc.base import SGMCMCKernel
+from pyro_flat.infer.mcmc.entropy import EntropyMCMC
 from pyro_flat.infer.mcmc.sgld import SGHMC, SGLD, CyclicalSGLD
 
-__all__ = ["SGMCMCKernel", "SGLD", "SGHMC", "CyclicalSGLD"]
+__all__ = ["SGMCMCKernel", "SGLD", "SGHMC", "CyclicalSGLD", "EntropyMCMC"]

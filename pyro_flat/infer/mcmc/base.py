@@ -19,7 +19,7 @@ import torch
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from pyro_flat import validation
-from pyro_flat.infer.mcmc.layout import FlatLayout
+from pyro_flat.infer.mcmc.layout import FlatLayout, Site
 from pyro_flat.infer.mcmc.minibatch import MinibatchStream
 from pyro_flat.infer.mcmc.potential import ModelPotential, trace_model
 
@@ -154,6 +154,18 @@ class SGMCMCKernel(MCMCKernel):
     def reset_kernel_state(self) -> None:
         """Called when the chain falls back to its last draw after a non-finite step."""
 
+    def auxiliary_state(self) -> torch.Tensor | None:
+        """A flat tensor returned with every draw as extra sites (see :meth:`auxiliary_name`).
+
+        Kernels that carry a second copy of the parameters (e.g. EntropyMCMC's guiding
+        variable) return it here; it has the layout of the model's parameters.
+        """
+        return None
+
+    def auxiliary_name(self, site: str) -> str:
+        """The name under which the auxiliary copy of ``site`` appears in the draws."""
+        raise NotImplementedError
+
     def steps_for_next_draw(self) -> int:
         """How many SG steps the next call of :meth:`sample` runs."""
         return self.num_steps_per_sample
@@ -207,6 +219,12 @@ class SGMCMCKernel(MCMCKernel):
             self.potential = _UserPotential(self.potential_fn)
         self._layout = layout
 
+        # A second random stream, for kernels that draw noise for auxiliary variables: seeded
+        # from the main one so that runs are reproducible under pyro.set_rng_seed, and separate
+        # so that the main stream (minibatches, noise of the parameters) is the same for all
+        # kernels.
+        self.aux_generator = torch.Generator(device=_device_of(args, kwargs))
+        self.aux_generator.manual_seed(int(torch.randint(2**62, ())))
         state, self._resume_state = self._resume_state, None
         if state is not None:
             z = self._restore(state)
@@ -225,24 +243,57 @@ class SGMCMCKernel(MCMCKernel):
         self._params = {s.name: leaf for s, leaf in zip(layout.sites, self._leaves, strict=True)}
         self._stats: dict[str, list] = {name: [] for name in self.stat_names}
         self._pending: int | None = None
+        self._rng_at_end = None
         self._nonfinite = 0
         self._num_diverging = 0
         self._last = (math.nan, math.nan, math.nan)
-        self._last_flat = z.detach().clone()
-        self._initial_params = self._layout.views(self._last_flat)
+        self._draw_layout = self._make_draw_layout()
+        self._last_flat = self._draw_state()
+        self._initial_params = self._draw_layout.views(self._last_flat)
         self._last_draw = self._initial_params
+
+    def _make_draw_layout(self) -> FlatLayout:
+        if self.auxiliary_state() is None:
+            return self._layout
+        sites = list(self._layout.sites)
+        offset = self._layout.size
+        for s in self._layout.sites:
+            sites.append(Site(self.auxiliary_name(s.name), s.shape, offset, s.transform))
+            offset += s.numel
+        if self.model is not None:
+            self.transforms = {s.name: s.transform.inv for s in sites if s.transform}
+        return FlatLayout(sites)
+
+    def _draw_state(self) -> torch.Tensor:
+        """One flat copy of everything a draw returns."""
+        aux = self.auxiliary_state()
+        if aux is None:
+            return self._z.detach().clone()
+        return torch.cat([self._z.detach(), aux.detach()])
+
+    def _load_draw(self, params: dict[str, torch.Tensor]) -> None:
+        self._z.copy_(self._layout.flatten(params))
+        aux = self.auxiliary_state()
+        if aux is not None:
+            names = [self.auxiliary_name(s.name) for s in self._layout.sites]
+            if all(n in params for n in names):
+                aux.copy_(self._layout.flatten(
+                    {s.name: params[n] for s, n in zip(self._layout.sites, names, strict=True)}
+                ))
+            else:  # e.g. user-given initial values of the model's sites only
+                aux.copy_(self._z)
 
     def sample(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if params is not self._last_draw:
-            self._z.copy_(self._layout.flatten(params))
+            self._load_draw(params)
         self._diverged = False
         for _ in range(self.steps_for_next_draw()):
             self._sg_step()
         if self._draw >= self._warmup_steps:
             self._record_draw()
         self._draw += 1
-        self._last_flat = self._z.detach().clone()
-        self._last_draw = self._layout.views(self._last_flat)
+        self._last_flat = self._draw_state()
+        self._last_draw = self._draw_layout.views(self._last_flat)
         return self._last_draw
 
     def logging(self) -> OrderedDict:
@@ -258,6 +309,9 @@ class SGMCMCKernel(MCMCKernel):
     def diagnostics(self) -> dict[str, Any]:
         if self._pending is not None:
             self._evaluate_pending_draw()
+        # The run ends here: remember the random state, so that a state_dict() taken later
+        # (after other random work, e.g. building the next model) still continues this chain.
+        self._rng_at_end = (self._t, pyro.util.get_rng_state())
         stats = {}
         for name, values in self._stats.items():
             dtype = torch.bool if name == "diverging" else torch.get_default_dtype()
@@ -372,8 +426,9 @@ class SGMCMCKernel(MCMCKernel):
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue this chain exactly where it stopped.
 
-        Call it between draws (after ``MCMC.run`` or from a ``hook_fn``); pass the result to
-        :meth:`load_state_dict` of a kernel built with the same arguments before the next run.
+        Call it after ``MCMC.run`` (the random state is the one at the end of the run) or
+        between draws from a ``hook_fn``; pass the result to :meth:`load_state_dict` of a
+        kernel built with the same arguments before the next run.
         """
         if self._z is None:
             raise RuntimeError("state_dict() needs a kernel that has run (or been set up)")
@@ -387,8 +442,15 @@ class SGMCMCKernel(MCMCKernel):
                 k: v.clone() if torch.is_tensor(v) else v for k, v in self.kernel_state().items()
             },
             "minibatch": None if self._stream is None else self._stream.state_dict(),
-            "rng": pyro.util.get_rng_state(),
+            "rng": self._rng_for_checkpoint(),
+            "aux_rng": self.aux_generator.get_state(),
         }
+
+    def _rng_for_checkpoint(self) -> dict[str, Any]:
+        end = getattr(self, "_rng_at_end", None)
+        if end is not None and end[0] == self._t:
+            return end[1]
+        return pyro.util.get_rng_state()  # between draws of a run (e.g. from a hook_fn)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` at the next :meth:`setup` (i.e. the next ``MCMC.run``)."""
@@ -410,6 +472,7 @@ class SGMCMCKernel(MCMCKernel):
         if self._stream is not None and state["minibatch"] is not None:
             self._stream.load_state_dict(state["minibatch"])
         pyro.util.set_rng_state(state["rng"])
+        self.aux_generator.set_state(state["aux_rng"])
         return z
 
     def __getstate__(self) -> dict[str, Any]:
@@ -417,7 +480,7 @@ class SGMCMCKernel(MCMCKernel):
         keep = {}
         for k, v in self.__dict__.items():
             if k in ("potential", "_leaves", "_params", "_grad", "_last_draw", "_initial_params",
-                     "_last_flat", "_z_finite"):
+                     "_last_flat", "_z_finite", "aux_generator"):
                 continue
             keep[k] = v
         return keep

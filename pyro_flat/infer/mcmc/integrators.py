@@ -1,7 +1,8 @@
 r"""Update rules on flat parameter tensors, shared by the kernels. All updates are in place.
 
 ``noise`` is a preallocated buffer the size of the parameters; each rule refills it with one
-``normal_()`` call, so a step allocates nothing.
+``normal_()`` call, so a step allocates nothing. ``generator`` (default: torch's global one)
+lets a kernel draw the noise of a second set of variables from a stream of its own.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ def langevin_step_(
     step_size: float,
     temperature: float,
     noise: torch.Tensor,
+    generator: torch.Generator | None = None,
 ) -> None:
     r"""Overdamped Langevin (SGLD) step :math:`\theta \leftarrow \theta - \epsilon \nabla U +
     \sqrt{2 \epsilon T}\,\xi`, :math:`\xi \sim \mathcal{N}(0, I)`.
@@ -26,7 +28,8 @@ def langevin_step_(
     """
     theta.add_(grad, alpha=-step_size)
     if temperature > 0:
-        theta.add_(noise.normal_(), alpha=math.sqrt(2.0 * step_size * temperature))
+        noise.normal_(generator=generator)
+        theta.add_(noise, alpha=math.sqrt(2.0 * step_size * temperature))
 
 
 def underdamped_step_(
@@ -39,6 +42,7 @@ def underdamped_step_(
     temperature: float,
     noise: torch.Tensor,
     noise_estimate: float = 0.0,
+    generator: torch.Generator | None = None,
 ) -> None:
     r"""SGHMC step of Chen, Fox & Guestrin (2014), Eq. (13), Euler-discretised:
 
@@ -54,5 +58,5 @@ def underdamped_step_(
     momentum.mul_(1.0 - step_size * friction / mass).add_(grad, alpha=-step_size)
     variance = 2.0 * (friction - noise_estimate) * step_size * temperature
     if variance > 0:
-        momentum.add_(noise.normal_(), alpha=math.sqrt(variance))
+        momentum.add_(noise.normal_(generator=generator), alpha=math.sqrt(variance))
     theta.add_(momentum, alpha=step_size / mass)

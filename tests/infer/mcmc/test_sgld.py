@@ -15,24 +15,11 @@ from pyro_flat.infer import SGHMC, SGLD, CyclicalSGLD
 
 
 def sgld_exact_cov(target, step_size, temperature=1.0, grad_noise=0.0):
-    a = target.precision.double()
-    f = torch.eye(2, dtype=torch.double) - step_size * a
-    q = (2 * step_size * temperature + step_size**2 * grad_noise**2) * torch.eye(2)
-    return harness.stationary_covariance(f, q)
+    return harness.langevin_exact_cov(target.precision, step_size, temperature, grad_noise)
 
 
 def sghmc_exact_cov(target, eps, friction, mass, temperature=1.0):
-    a = target.precision.double()
-    i = torch.eye(2, dtype=torch.double)
-    decay = 1 - eps * friction / mass
-    # state (theta, r): r' = decay r - eps A theta + n ; theta' = theta + eps/M r'
-    f = torch.cat([
-        torch.cat([i - eps**2 / mass * a, eps / mass * decay * i], dim=1),
-        torch.cat([-eps * a, decay * i], dim=1),
-    ])
-    g = torch.cat([eps / mass * i, i])
-    q = 2 * friction * eps * temperature * g @ g.T
-    return harness.stationary_covariance(f, q)[:2, :2]
+    return harness.underdamped_exact_cov(target.precision, eps, friction, mass, temperature)
 
 
 @pytest.mark.parametrize("grad_noise", [0.0, 1.0])
