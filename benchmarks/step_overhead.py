@@ -20,9 +20,10 @@ Rounds alternate hand-written and kernel measurements so that machine noise hits
 reported ratio is the median (and range) of the per-round ratios. Each round also times a run
 with ``num_samples=1`` (setup plus 10 SG steps), which gives the setup time and a *steady* per-step
 time ``(T_run - T_one) / (steps - 10)`` without the setup. Peak memory is the rise of the peak
-resident set size (``VmHWM``, reset through ``/proc/self/clear_refs``) during one kernel run,
-next to the bytes of the stored draws. A second table compares the potential and its gradient
-alone (``kernel.potential_and_grad`` against the hand-written log joint and ``autograd.grad``).
+resident set size (``VmHWM``, reset through ``/proc/self/clear_refs`` after ``malloc_trim``)
+during one kernel run, next to the bytes of the stored draws. A second table compares the
+potential and its gradient alone (``kernel.potential_and_grad`` against the hand-written log
+joint and ``autograd.grad``).
 
 The hand-written step draws its indices as the kernel's minibatch stream does (one permutation
 per epoch, sliced); ``--hand-indices randperm`` draws ``randperm(N)[:B]`` at every step instead,
@@ -33,13 +34,15 @@ Run
     .venv/bin/python benchmarks/step_overhead.py            # full run, a few minutes
     .venv/bin/python benchmarks/step_overhead.py --quick    # smoke run, seconds
 
-Results go to ``benchmarks/results/step_overhead.json`` and ``.md`` (``--out`` changes both).
+Results go to ``benchmarks/results/step_overhead.json`` and ``.md`` (``--out`` changes both;
+``--quick`` writes ``step_overhead_quick.*`` so as not to overwrite the reference numbers).
 The project target is a ratio <= 1.3 for the three kernels on the MLP.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import math
@@ -54,7 +57,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyro
 import pyro.distributions as dist
@@ -66,7 +69,7 @@ from pyro.nn.module import to_pyro_module_
 from torch import nn
 from torch.func import functional_call
 
-from pyro_flat.infer import SGHMC, SGLD, CyclicalSGLD
+from pyro_flat.infer import SGHMC, SGLD, CyclicalSGLD, SGMCMCKernel
 
 NUM_DATA = 10_000
 BATCH_SIZE = 128
@@ -184,13 +187,13 @@ class HandSGLD:
 # ---------------------------------------------------------------------------------- kernels
 
 
-def make_kernel(name: str, model: SubsampledModel) -> SGLD:
+def make_kernel(name: str, model: SubsampledModel) -> SGMCMCKernel:
     """A kernel taking one draw every ``STEPS_PER_DRAW`` SG steps at a comparable step size."""
     if name == "SGLD":
         return SGLD(model, step_size=STEP_SIZE, num_steps_per_sample=STEPS_PER_DRAW)
-    if name == "SGHMC":  # SGD with momentum 0.9 at the same learning rate
+    if name == "SGHMC":  # SGD with momentum 0.9 at the same effective learning rate lr / (1 - mu)
         return SGHMC.from_sgd(
-            model, LEARNING_RATE, 0.9, NUM_DATA, num_steps_per_sample=STEPS_PER_DRAW
+            model, 0.1 * LEARNING_RATE, 0.9, NUM_DATA, num_steps_per_sample=STEPS_PER_DRAW
         )
     if name == "CyclicalSGLD":  # a draw at the end of every 10-step cycle, no noiseless stage
         return CyclicalSGLD(
@@ -210,32 +213,41 @@ def run_mcmc(kernel_name: str, model: SubsampledModel, data: tuple, num_draws: i
 # ---------------------------------------------------------------------------------- timing
 
 
-def timed(fn: Callable[[], Any]) -> float:
-    """Wall seconds of ``fn()``, after a garbage collection."""
+class Timing(NamedTuple):
+    """Seconds of wall-clock time and of process CPU time."""
+
+    wall: float
+    cpu: float
+
+    def __sub__(self, other: Timing) -> Timing:
+        return Timing(self.wall - other.wall, self.cpu - other.cpu)
+
+    def per_step_ms(self, steps: int) -> Timing:
+        return Timing(1e3 * self.wall / steps, 1e3 * self.cpu / steps)
+
+
+def timed(fn: Callable[[], Any]) -> Timing:
+    """Wall and CPU time of ``fn()``, after a garbage collection.
+
+    CPU time leaves out the time the process waits for a core, the main noise on a shared
+    machine; with one torch thread it is the work done.
+    """
     gc.collect()
-    start = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - start
+    return Timing(time.perf_counter() - wall, time.process_time() - cpu)
 
 
-def hand_seconds(hand: HandSGLD, steps: int) -> float:
-    def loop() -> None:
-        for _ in range(steps):
-            hand.step()
-
-    return timed(loop)
-
-
-def mcmc_seconds(kernel_name: str, model: SubsampledModel, data: tuple, steps: int) -> float:
-    return timed(lambda: run_mcmc(kernel_name, model, data, steps // STEPS_PER_DRAW))
-
-
-def potential_seconds(fn: Callable[[], Any], steps: int) -> float:
+def repeat(fn: Callable[[], Any], steps: int) -> Callable[[], None]:
     def loop() -> None:
         for _ in range(steps):
             fn()
 
-    return timed(loop)
+    return loop
+
+
+def mcmc_timing(kernel_name: str, model: SubsampledModel, data: tuple, steps: int) -> Timing:
+    return timed(lambda: run_mcmc(kernel_name, model, data, steps // STEPS_PER_DRAW))
 
 
 # ---------------------------------------------------------------------------------- memory
@@ -246,13 +258,26 @@ def _status_kib(key: str) -> int:
         return int(re.search(rf"^{key}:\s+(\d+)", f.read(), re.M).group(1))
 
 
+def _release_free_memory() -> None:
+    """Hand freed heap memory back to the OS, so that a run's allocations show up in its RSS.
+
+    Without it glibc keeps the blocks freed by earlier runs, and a later run reusing them shows
+    no rise at all.
+    """
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def peak_rss_rise_mb(fn: Callable[[], Any]) -> tuple[float, Any, str]:
     """Rise of the peak resident set size while ``fn()`` runs, its result and the method used."""
-    gc.collect()
+    _release_free_memory()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset VmHWM to the current RSS (Linux >= 4.0)
-        before, method = _status_kib("VmRSS"), "VmHWM after clear_refs"
+        before, method = _status_kib("VmRSS"), "VmHWM after malloc_trim and clear_refs"
     except OSError:
         before, method = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "ru_maxrss"
     result = fn()
@@ -269,38 +294,77 @@ def draws_mb(mcmc: MCMC) -> float:
 # ---------------------------------------------------------------------------------- one network
 
 
+def _ratios(num: list[float], den: list[float]) -> list[float]:
+    return [a / b for a, b in zip(num, den, strict=True)]
+
+
 @dataclass
 class Row:
+    """Per-round times (ms per SG step, wall and CPU) of one kernel and its paired hand step."""
+
     network: str
     kernel: str
     num_params: int
     hand_ms: list[float] = field(default_factory=list)
     kernel_ms: list[float] = field(default_factory=list)
     steady_ms: list[float] = field(default_factory=list)
+    hand_cpu_ms: list[float] = field(default_factory=list)
+    kernel_cpu_ms: list[float] = field(default_factory=list)
     one_draw_s: list[float] = field(default_factory=list)
     fixed_s: list[float] = field(default_factory=list)
     peak_rss_mb: float = math.nan
     hand_peak_rss_mb: float = math.nan
     draws_mb: float = math.nan
 
+    def add_round(self, hand: Timing, run: Timing, one: Timing, steps: int) -> None:
+        steady = (run - one).per_step_ms(steps - STEPS_PER_DRAW)
+        self.hand_ms.append(hand.per_step_ms(steps).wall)
+        self.hand_cpu_ms.append(hand.per_step_ms(steps).cpu)
+        self.kernel_ms.append(run.per_step_ms(steps).wall)
+        self.kernel_cpu_ms.append(run.per_step_ms(steps).cpu)
+        self.steady_ms.append(steady.wall)
+        self.one_draw_s.append(one.wall)
+        self.fixed_s.append(one.wall - STEPS_PER_DRAW * steady.wall / 1e3)
+
     @property
     def ratios(self) -> list[float]:
-        return [k / h for k, h in zip(self.kernel_ms, self.hand_ms, strict=True)]
+        return _ratios(self.kernel_ms, self.hand_ms)
 
     @property
     def steady_ratios(self) -> list[float]:
-        return [k / h for k, h in zip(self.steady_ms, self.hand_ms, strict=True)]
+        return _ratios(self.steady_ms, self.hand_ms)
+
+    @property
+    def cpu_ratios(self) -> list[float]:
+        return _ratios(self.kernel_cpu_ms, self.hand_cpu_ms)
+
+    @property
+    def best_ratio(self) -> float:
+        """Fastest kernel round over fastest hand round: noise only ever adds time."""
+        return min(self.kernel_ms) / min(self.hand_ms)
 
 
 @dataclass
 class PotentialRow:
+    """Per-round times (ms, wall and CPU) of the potential and its gradient alone."""
+
     network: str
     hand_ms: list[float] = field(default_factory=list)
     kernel_ms: list[float] = field(default_factory=list)
+    hand_cpu_ms: list[float] = field(default_factory=list)
+    kernel_cpu_ms: list[float] = field(default_factory=list)
+
+    def add(self, who: str, timing: Timing) -> None:
+        getattr(self, f"{who}_ms").append(timing.wall)
+        getattr(self, f"{who}_cpu_ms").append(timing.cpu)
 
     @property
     def ratios(self) -> list[float]:
-        return [k / h for k, h in zip(self.kernel_ms, self.hand_ms, strict=True)]
+        return _ratios(self.kernel_ms, self.hand_ms)
+
+    @property
+    def cpu_ratios(self) -> list[float]:
+        return _ratios(self.kernel_cpu_ms, self.hand_cpu_ms)
 
 
 def kernel_potential(model: SubsampledModel, data: tuple, indices: EpochIndices) -> Callable:
@@ -330,30 +394,25 @@ def measure_network(network: str, args: argparse.Namespace) -> tuple[list[Row], 
     rows = {k: Row(network, k, num_params) for k in KERNELS}
     pot = PotentialRow(network)
     pot_kernel = kernel_potential(model, data, EpochIndices(NUM_DATA, BATCH_SIZE, per_step))
+    hand_pot = hand.potential_and_grad
 
     warm = max(args.steps // 3, STEPS_PER_DRAW)
-    hand_seconds(hand, warm)
-    potential_seconds(pot_kernel, warm)
+    for fn in (hand.step, hand_pot, pot_kernel):
+        timed(repeat(fn, warm))
     for k in KERNELS:
-        mcmc_seconds(k, model, data, warm)
+        mcmc_timing(k, model, data, warm)
 
     for r in range(args.rounds):
         order = KERNELS[r % len(KERNELS):] + KERNELS[: r % len(KERNELS)]
         for k in order:  # each kernel measurement next to its own hand-written one
-            row = rows[k]
-            h = hand_seconds(hand, args.steps)
-            t = mcmc_seconds(k, model, data, args.steps)
-            one = mcmc_seconds(k, model, data, STEPS_PER_DRAW)
-            row.hand_ms.append(1e3 * h / args.steps)
-            row.kernel_ms.append(1e3 * t / args.steps)
-            steady = (t - one) / (args.steps - STEPS_PER_DRAW)
-            row.steady_ms.append(1e3 * steady)
-            row.one_draw_s.append(one)
-            row.fixed_s.append(one - STEPS_PER_DRAW * steady)
-        pair = [("hand", lambda: hand.potential_and_grad()), ("kernel", pot_kernel)]
+            hand_t = timed(repeat(hand.step, args.steps))
+            run_t = mcmc_timing(k, model, data, args.steps)
+            one_t = mcmc_timing(k, model, data, STEPS_PER_DRAW)
+            rows[k].add_round(hand_t, run_t, one_t, args.steps)
+        pot_steps = args.steps // 2
+        pair = [("hand", hand_pot), ("kernel", pot_kernel)]
         for who, fn in pair if r % 2 == 0 else pair[::-1]:
-            ms = 1e3 * potential_seconds(fn, args.steps) / args.steps
-            (pot.hand_ms if who == "hand" else pot.kernel_ms).append(ms)
+            pot.add(who, timed(repeat(fn, pot_steps)).per_step_ms(pot_steps))
         print(f"  round {r + 1}/{args.rounds}: "
               + ", ".join(f"{k} {rows[k].ratios[-1]:.2f}x" for k in KERNELS), flush=True)
 
@@ -362,7 +421,9 @@ def measure_network(network: str, args: argparse.Namespace) -> tuple[list[Row], 
             lambda k=k: run_mcmc(k, model, data, args.steps // STEPS_PER_DRAW)
         )
         rows[k].peak_rss_mb, rows[k].draws_mb = rise, draws_mb(mcmc)
-        rows[k].hand_peak_rss_mb = peak_rss_rise_mb(lambda: hand_seconds(hand, args.steps))[0]
+    hand_rise = peak_rss_rise_mb(repeat(hand.step, args.steps))[0]
+    for row in rows.values():
+        row.hand_peak_rss_mb = hand_rise
     args.memory_method = method
     return list(rows.values()), pot
 
@@ -399,22 +460,23 @@ def markdown(rows: list[Row], pots: list[PotentialRow], meta: dict[str, Any]) ->
         f"indices: {meta['hand_indices']}",
         "",
         "Ratio = kernel ms/step (wall time of `MCMC.run` incl. setup / SG steps) over hand-written "
-        "ms/step, median [min, max] over rounds. Steady ratio leaves out the setup: "
-        f"(T_run - T_1draw) / (steps - {STEPS_PER_DRAW}). 1-draw s = wall time of a run with "
-        f"`num_samples=1` (setup, {STEPS_PER_DRAW} SG steps, final diagnostics); fixed s = that "
-        f"minus {STEPS_PER_DRAW} steady steps, the per-run cost. Peak MB = rise of peak RSS "
+        "ms/step, median [min, max] over rounds (the JSON also has the ratios of process CPU "
+        "time). Best = fastest kernel round over fastest hand round. Steady ratio leaves out "
+        f"the setup: (T_run - T_1draw) / (steps - {STEPS_PER_DRAW}). Setup s = wall time of a run "
+        f"with `num_samples=1` (setup, {STEPS_PER_DRAW} SG steps, final diagnostics); fixed s = "
+        f"that minus {STEPS_PER_DRAW} steady steps, the per-run cost. Peak MB = rise of peak RSS "
         f"during one kernel run ({meta['memory_method']}; a hand-written run of as many steps "
         "in brackets); draws MB = bytes of the stored draws.",
         "",
-        "| network | kernel | hand ms/step | kernel ms/step | ratio | steady ratio | 1-draw s "
-        "| fixed s | peak MB | draws MB |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|",
+        "| network | kernel | hand ms/step | kernel ms/step | ratio | best | steady ratio "
+        "| setup s | fixed s | peak MB | draws MB |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r.network} | {r.kernel} | {med(r.hand_ms):.3f} | {med(r.kernel_ms):.3f} "
-            f"| {median_range(r.ratios)} | {med(r.steady_ratios):.2f} | {med(r.one_draw_s):.3f} "
-            f"| {med(r.fixed_s):.3f} "
+            f"| {median_range(r.ratios)} | {r.best_ratio:.2f} "
+            f"| {med(r.steady_ratios):.2f} | {med(r.one_draw_s):.3f} | {med(r.fixed_s):.3f} "
             f"| {r.peak_rss_mb:.1f} [{r.hand_peak_rss_mb:.1f}] | {r.draws_mb:.1f} |"
         )
     lines += [
@@ -422,12 +484,12 @@ def markdown(rows: list[Row], pots: list[PotentialRow], meta: dict[str, Any]) ->
         "Potential and gradient alone (`kernel.potential_and_grad` vs hand-written log joint + "
         "`autograd.grad`, same minibatch draw):",
         "",
-        "| network | hand ms | kernel ms | ratio |",
-        "|---|---:|---:|---|",
+        "| network | hand ms | kernel ms | ratio | best |",
+        "|---|---:|---:|---|---:|",
     ]
     for p in pots:
         lines.append(f"| {p.network} | {med(p.hand_ms):.3f} | {med(p.kernel_ms):.3f} "
-                     f"| {median_range(p.ratios)} |")
+                     f"| {median_range(p.ratios)} | {min(p.kernel_ms) / min(p.hand_ms):.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -439,10 +501,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smoke run: 30 steps, 2 rounds")
     parser.add_argument("--hand-indices", choices=("epoch", "randperm"), default="epoch",
                         help="how the hand-written step draws its minibatch indices")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/step_overhead.json"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON path, the table goes next to it as .md (default: "
+                        "benchmarks/results/step_overhead.json, step_overhead_quick.json with "
+                        "--quick)")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.rounds = 30, 2
+    if args.out is None:
+        name = "step_overhead_quick.json" if args.quick else "step_overhead.json"
+        args.out = Path("benchmarks/results") / name
     if args.steps < 2 * STEPS_PER_DRAW or args.steps % STEPS_PER_DRAW:
         parser.error(f"--steps must be a multiple of {STEPS_PER_DRAW}, at least "
                      f"{2 * STEPS_PER_DRAW}")
@@ -475,9 +543,11 @@ def main(argv: list[str] | None = None) -> None:
     print("\n" + table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     results = [
-        {**asdict(r), "ratios": r.ratios, "steady_ratios": r.steady_ratios} for r in rows
+        {**asdict(r), "ratios": r.ratios, "cpu_ratios": r.cpu_ratios,
+         "steady_ratios": r.steady_ratios, "best_ratio": r.best_ratio}
+        for r in rows
     ]
-    potentials = [{**asdict(p), "ratios": p.ratios} for p in pots]
+    potentials = [{**asdict(p), "ratios": p.ratios, "cpu_ratios": p.cpu_ratios} for p in pots]
     payload = {"meta": meta, "results": results, "potential": potentials}
     args.out.write_text(json.dumps(payload, indent=2) + "\n")
     args.out.with_suffix(".md").write_text(table)

@@ -56,9 +56,16 @@ class FlatNormalPrior:
             self._log_norm[name] = float(
                 scale.log().expand(site.shape).sum() + site.numel * _HALF_LOG_2PI
             )
-        self._centered = bool((self.loc != 0).any())
         self._buffer = torch.empty_like(self.precision)
         self._const = sum(self._log_norm.values())
+        self._summarise()
+
+    def _summarise(self) -> None:
+        """Note the common cases: no site centred away from 0, one precision for every entry."""
+        self._centered = bool((self.loc != 0).any())
+        p0 = self.precision[:1]
+        uniform = self.precision.numel() > 0 and bool((self.precision == p0).all()) and p0 > 0
+        self._uniform = float(p0) if uniform else None
 
     @classmethod
     def from_trace(cls, layout: FlatLayout, trace_sites: dict[str, dict]) -> FlatNormalPrior | None:
@@ -79,6 +86,9 @@ class FlatNormalPrior:
 
     def value_and_grad_(self, z: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         """Add the prior's gradient of ``U`` to ``grad`` in place; return the prior's ``U``."""
+        if self._uniform is not None and not self._centered:  # the usual isotropic BNN prior
+            grad.add_(z, alpha=self._uniform)
+            return 0.5 * self._uniform * torch.dot(z, z) + self._const
         if self._centered:
             torch.sub(z, self.loc, out=self._buffer)
             d = self._buffer.clone()
@@ -98,3 +108,4 @@ class FlatNormalPrior:
                 self.precision[site.offset : site.stop] = 0.0
                 self.loc[site.offset : site.stop] = 0.0
                 self._const -= self._log_norm.pop(name)
+        self._summarise()
