@@ -1,0 +1,211 @@
+"""Predictive metrics of a classifier: accuracy, NLL, calibration, Brier score, OOD detection.
+
+Every function takes torch tensors and returns a Python float (``predictive_entropy`` can also
+return the per-example entropies, the usual OOD score). ``probs`` is a ``(num_data,
+num_classes)`` tensor of predicted class probabilities, e.g. the Bayesian model average of
+:func:`pyro_flat.predictive.bma_probs`, and ``y`` the ``(num_data,)`` integer class labels.
+Computations run in float64 on the CPU, so results do not depend on the input dtype or device.
+
+Examples
+--------
+>>> import torch
+>>> from pyro_flat import metrics
+>>> probs = torch.tensor([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4]])
+>>> y = torch.tensor([0, 1, 1])
+>>> metrics.accuracy(probs, y)  # doctest: +ELLIPSIS
+0.666...
+>>> round(metrics.brier(probs, y), 4)  # ((0.1^2 + 0.1^2) + (0.3^2 + 0.3^2) + (0.6^2 + 0.6^2)) / 3
+0.3067
+>>> metrics.ood_auroc(torch.tensor([0.1, 0.2]), torch.tensor([0.3, 0.2]))
+0.875
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pyro_flat import validation
+
+__all__ = [
+    "NLL_EPSILON",
+    "accuracy",
+    "brier",
+    "ece",
+    "nll",
+    "ood_auroc",
+    "predictive_entropy",
+]
+
+#: Probabilities are clamped at this value before the log in :func:`nll` (and the entropy).
+NLL_EPSILON: float = 1e-12
+
+# Slack for rounding in probabilities computed in float32 (e.g. averages of softmax outputs).
+_PROB_TOL = 1e-5
+_SUM_TOL = 1e-3
+
+
+def _as_probs(probs: torch.Tensor, name: str = "probs") -> torch.Tensor:
+    """``probs`` as a float64 CPU tensor after checking it is a (num_data, num_classes) simplex."""
+    if not torch.is_tensor(probs):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(probs).__name__}")
+    if probs.dim() != 2 or probs.shape[0] == 0 or probs.shape[1] < 2:
+        raise ValueError(
+            f"{name} must have shape (num_data, num_classes) with num_data >= 1 and "
+            f"num_classes >= 2, got {tuple(probs.shape)}"
+        )
+    if not probs.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {probs.dtype}")
+    p = probs.detach().to("cpu", torch.float64)
+    if not bool(torch.isfinite(p).all()):
+        raise ValueError(f"{name} must be finite (probabilities in [0, 1])")
+    if bool((p < -_PROB_TOL).any()) or bool((p > 1 + _PROB_TOL).any()):
+        raise ValueError(
+            f"{name} must hold probabilities in [0, 1], got values in "
+            f"[{float(p.min()):.6g}, {float(p.max()):.6g}] (pass softmax(logits), not logits)"
+        )
+    sums = p.sum(-1)
+    worst = float((sums - 1).abs().max())
+    if worst > _SUM_TOL:
+        raise ValueError(
+            f"each row of {name} must sum to 1 (a distribution over classes); the worst row is "
+            f"off by {worst:.3g}"
+        )
+    return p.clamp(0.0, 1.0)
+
+
+def _as_labels(y: torch.Tensor, num_data: int, num_classes: int, name: str = "y") -> torch.Tensor:
+    if not torch.is_tensor(y):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(y).__name__}")
+    if y.dim() != 1 or y.shape[0] != num_data:
+        raise ValueError(
+            f"{name} must have shape (num_data,) = ({num_data},) to match probs, "
+            f"got {tuple(y.shape)}"
+        )
+    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer class indices, got dtype {y.dtype}")
+    y = y.detach().to("cpu", torch.int64)
+    if bool((y < 0).any()) or bool((y >= num_classes).any()):
+        raise ValueError(
+            f"{name} must hold class indices in [0, {num_classes - 1}], got values in "
+            f"[{int(y.min())}, {int(y.max())}]"
+        )
+    return y
+
+
+def _probs_and_labels(probs: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    p = _as_probs(probs)
+    return p, _as_labels(y, p.shape[0], p.shape[1])
+
+
+def accuracy(probs: torch.Tensor, y: torch.Tensor) -> float:
+    """Share of examples whose most probable class (``argmax``, first on ties) is ``y``."""
+    p, y = _probs_and_labels(probs, y)
+    return float((p.argmax(-1) == y).double().mean())
+
+
+def nll(probs: torch.Tensor, y: torch.Tensor) -> float:
+    r"""Mean negative log-likelihood :math:`-\frac1n \sum_i \log \max(p_{i, y_i}, \epsilon)`.
+
+    ``epsilon`` is :data:`NLL_EPSILON`, so a confidently wrong prediction costs at most
+    ``-log(1e-12) ≈ 27.6`` instead of infinity.
+    """
+    p, y = _probs_and_labels(probs, y)
+    p_true = p.gather(1, y.unsqueeze(1)).squeeze(1)
+    return float(-p_true.clamp_min(NLL_EPSILON).log().mean())
+
+
+def ece(probs: torch.Tensor, y: torch.Tensor, num_bins: int = 15) -> float:
+    r"""Expected calibration error with ``num_bins`` equal-width confidence bins.
+
+    The confidence of an example is its largest probability; bin ``m = 1..M`` holds the examples
+    with confidence in :math:`((m-1)/M, m/M]` (confidence 0 goes to the first bin), and
+
+    .. math:: \mathrm{ECE} = \sum_m \frac{|B_m|}{n}\,
+        \big|\mathrm{acc}(B_m) - \mathrm{conf}(B_m)\big|
+
+    (Naeini et al. 2015; Guo et al. 2017), empty bins contributing nothing.
+    """
+    num_bins = validation.integer_at_least("num_bins", num_bins, 1)
+    p, y = _probs_and_labels(probs, y)
+    conf, pred = p.max(-1)
+    correct = (pred == y).double()
+    # bucketize(right=False) puts x in bin i with edges[i-1] < x <= edges[i]: (lo, hi] bins.
+    inner_edges = torch.arange(1, num_bins, dtype=torch.float64) / num_bins
+    bins = torch.bucketize(conf, inner_edges, right=False)
+    sum_conf = torch.zeros(num_bins, dtype=torch.float64).index_add_(0, bins, conf)
+    sum_correct = torch.zeros(num_bins, dtype=torch.float64).index_add_(0, bins, correct)
+    # sum_m |B_m|/n * |acc_m - conf_m| = sum_m |sum_correct_m - sum_conf_m| / n
+    return float((sum_correct - sum_conf).abs().sum() / conf.shape[0])
+
+
+def brier(probs: torch.Tensor, y: torch.Tensor) -> float:
+    r"""Multi-class Brier score :math:`\frac1n \sum_i \sum_c (p_{ic} - [y_i = c])^2`, in [0, 2]."""
+    p, y = _probs_and_labels(probs, y)
+    onehot = torch.nn.functional.one_hot(y, p.shape[1]).double()
+    return float(((p - onehot) ** 2).sum(-1).mean())
+
+
+def predictive_entropy(probs: torch.Tensor, *, reduction: str = "mean") -> float | torch.Tensor:
+    r"""Entropy :math:`H_i = -\sum_c p_{ic} \log p_{ic}` (nats) of each predictive distribution.
+
+    Parameters
+    ----------
+    probs : torch.Tensor
+        ``(num_data, num_classes)`` probabilities.
+    reduction : {"mean", "none"}
+        ``"mean"`` returns the mean entropy as a float; ``"none"`` returns the ``(num_data,)``
+        float64 tensor of per-example entropies (an OOD score for :func:`ood_auroc`).
+    """
+    if reduction not in ("mean", "none"):
+        raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
+    p = _as_probs(probs)
+    # 0 log 0 = 0: the clamp only changes terms whose factor p is (numerically) zero.
+    h = -(p * p.clamp_min(NLL_EPSILON).log()).sum(-1)
+    return float(h.mean()) if reduction == "mean" else h
+
+
+def _as_scores(scores: torch.Tensor, name: str) -> torch.Tensor:
+    if not torch.is_tensor(scores):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(scores).__name__}")
+    if scores.dim() != 1 or scores.shape[0] == 0:
+        raise ValueError(f"{name} must have shape (n,) with n >= 1, got {tuple(scores.shape)}")
+    if scores.is_complex() or scores.dtype == torch.bool:
+        raise ValueError(f"{name} must hold real scores, got dtype {scores.dtype}")
+    s = scores.detach().to("cpu", torch.float64)
+    if not bool(torch.isfinite(s).all()):
+        raise ValueError(f"{name} must be finite")
+    return s
+
+
+def _average_ranks(x: torch.Tensor) -> torch.Tensor:
+    """1-based ranks of ``x``, tied values sharing the average of their ranks."""
+    order = torch.argsort(x, stable=True)
+    _, counts = torch.unique_consecutive(x[order], return_counts=True)
+    ends = counts.cumsum(0).double()  # last rank of each run of ties
+    avg = ends - (counts.double() - 1) / 2
+    ranks = torch.empty_like(x)
+    ranks[order] = avg.repeat_interleave(counts)
+    return ranks
+
+
+def ood_auroc(scores_in: torch.Tensor, scores_out: torch.Tensor) -> float:
+    r"""Area under the ROC curve for telling OOD from in-distribution by a score.
+
+    Higher scores must mean "more out-of-distribution" (e.g. the predictive entropy). The area
+    is the Mann-Whitney statistic :math:`P(s_\text{out} > s_\text{in}) + \frac12 P(s_\text{out}
+    = s_\text{in})`, computed from the ranks of the pooled scores with ties given their average
+    rank: ``1`` separates perfectly, ``0.5`` is chance.
+
+    Parameters
+    ----------
+    scores_in : torch.Tensor
+        ``(n_in,)`` scores of in-distribution examples (the negatives).
+    scores_out : torch.Tensor
+        ``(n_out,)`` scores of out-of-distribution examples (the positives).
+    """
+    s_in = _as_scores(scores_in, "scores_in")
+    s_out = _as_scores(scores_out, "scores_out")
+    n_in, n_out = s_in.shape[0], s_out.shape[0]
+    ranks = _average_ranks(torch.cat([s_in, s_out]))
+    u = float(ranks[n_in:].sum()) - n_out * (n_out + 1) / 2
+    return u / (n_in * n_out)

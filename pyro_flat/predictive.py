@@ -1,0 +1,166 @@
+"""Bayesian model averaging: predictive probabilities of a Bayesian network from posterior draws.
+
+For draws :math:`\\theta_1, \\dots, \\theta_S` of the network's weights (``mcmc.get_samples()``),
+the posterior predictive of a classifier is estimated by
+
+.. math:: p(y \\mid x, \\mathcal{D}) \\approx \\frac1S \\sum_{s=1}^S
+    \\operatorname{softmax}\\big(f_{\\theta_s}(x)\\big)_y .
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pyro.poutine as poutine
+import pyro.util
+import torch
+
+from pyro_flat import validation
+
+__all__ = ["bma_probs"]
+
+
+def _latent_sites(net: torch.nn.Module, x: torch.Tensor) -> dict[str, torch.Size]:
+    """Names and value shapes of the sample sites of one forward pass of ``net`` on ``x``.
+
+    The pass draws from the priors; the random state is restored, so that predicting does not
+    shift the random streams of the caller.
+    """
+    rng = pyro.util.get_rng_state()
+    try:
+        with torch.no_grad():
+            trace = poutine.trace(net).get_trace(x)
+    finally:
+        pyro.util.set_rng_state(rng)
+    return {
+        name: site["value"].shape
+        for name, site in trace.nodes.items()
+        if site["type"] == "sample" and not site["is_observed"]
+        and type(site["fn"]).__name__ != "_Subsample"
+    }
+
+
+def _check_samples(
+    samples: Mapping[str, torch.Tensor], sites: dict[str, torch.Size]
+) -> tuple[dict[str, torch.Tensor], int]:
+    if not isinstance(samples, Mapping) or not samples:
+        raise ValueError(
+            "samples must be a non-empty dict {site: tensor of shape (num_draws, *site_shape)}, "
+            "as mcmc.get_samples() returns"
+        )
+    missing = sorted(set(sites) - set(samples))
+    if missing:
+        raise ValueError(
+            f"samples has no draws for the network's sample sites {missing}; it holds "
+            f"{sorted(samples)}"
+        )
+    draws = {name: samples[name] for name in sites}
+    num_draws = None
+    for name, shape in sites.items():
+        value = draws[name]
+        if not torch.is_tensor(value) or value.dim() < 1 or value.shape[1:] != shape:
+            got = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
+            raise ValueError(
+                f"samples[{name!r}] must have shape (num_draws, *{tuple(shape)}), got {got} "
+                "(pass mcmc.get_samples(), not group_by_chain=True)"
+            )
+        if num_draws is None:
+            num_draws = value.shape[0]
+        elif value.shape[0] != num_draws:
+            raise ValueError(
+                f"every site of samples must hold the same number of draws; "
+                f"samples[{name!r}] has {value.shape[0]}, others {num_draws}"
+            )
+    if not num_draws:
+        raise ValueError("samples holds no draws (num_draws = 0)")
+    return draws, num_draws
+
+
+def bma_probs(
+    model_net: torch.nn.Module,
+    samples: Mapping[str, torch.Tensor],
+    x: torch.Tensor,
+    *,
+    batch_size: int = 1024,
+    return_per_draw: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Bayesian-model-average class probabilities ``mean_s softmax(net_s(x))``.
+
+    Each draw is plugged into the network with :func:`pyro.poutine.condition`, and the network
+    runs on ``x`` in chunks of ``batch_size`` rows under ``torch.no_grad()``. Only a running
+    sum of probabilities is kept, so memory is one chunk of activations plus the
+    ``(num_data, num_classes)`` result, whatever the number of draws (unless
+    ``return_per_draw``). The global random state is left as it was.
+
+    Parameters
+    ----------
+    model_net : torch.nn.Module
+        The Bayesian network, e.g. from :func:`pyro_flat.nn.make_bayesian`, returning logits of
+        shape ``(batch, num_classes)``. Its mode is left as it is: call ``model_net.eval()``
+        first if it has dropout or batch normalisation.
+    samples : dict of str to torch.Tensor
+        Posterior draws ``{site: tensor of shape (num_draws, *site_shape)}``, as
+        ``mcmc.get_samples()`` returns. It must hold every sample site of the network; other
+        entries (latent sites of the model outside the network) are ignored.
+    x : torch.Tensor
+        Inputs of shape ``(num_data, *input_shape)``.
+    batch_size : int
+        Rows of ``x`` per forward pass, ``>= 1``.
+    return_per_draw : bool
+        Also return the probabilities of each draw.
+
+    Returns
+    -------
+    torch.Tensor or (torch.Tensor, torch.Tensor)
+        ``(num_data, num_classes)`` averaged probabilities; with ``return_per_draw``, also the
+        ``(num_draws, num_data, num_classes)`` probabilities of each draw.
+
+    Raises
+    ------
+    ValueError
+        If ``samples`` lacks a sample site of the network, its shapes do not match the sites,
+        the sites hold different numbers of draws, ``x`` is empty, ``batch_size`` is not a
+        positive integer, or the network does not return ``(batch, num_classes)`` logits.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pyro_flat.nn import make_bayesian
+    >>> from pyro_flat.predictive import bma_probs
+    >>> net = make_bayesian(torch.nn.Linear(3, 4))
+    >>> samples = {"weight": torch.randn(10, 4, 3), "bias": torch.randn(10, 4)}
+    >>> probs = bma_probs(net, samples, torch.randn(7, 3))
+    >>> probs.shape, bool(torch.allclose(probs.sum(-1), torch.ones(7)))
+    (torch.Size([7, 4]), True)
+    """
+    batch_size = validation.integer_at_least("batch_size", batch_size, 1)
+    if not torch.is_tensor(x) or x.dim() < 1 or x.shape[0] == 0:
+        got = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
+        raise ValueError(
+            f"x must be a tensor of shape (num_data, ...) with num_data >= 1, got {got}"
+        )
+    sites = _latent_sites(model_net, x[:1])
+    draws, num_draws = _check_samples(samples, sites)
+
+    total = None
+    per_draw = None
+    with torch.no_grad():
+        for s in range(num_draws):
+            net_s = poutine.condition(model_net, data={k: v[s] for k, v in draws.items()})
+            for start in range(0, x.shape[0], batch_size):
+                logits = net_s(x[start : start + batch_size])
+                if not torch.is_tensor(logits) or logits.dim() != 2:
+                    got = tuple(logits.shape) if torch.is_tensor(logits) else type(logits)
+                    raise ValueError(
+                        f"model_net must return logits of shape (batch, num_classes), got {got}"
+                    )
+                probs = torch.softmax(logits, dim=-1)
+                if total is None:
+                    total = probs.new_zeros((x.shape[0], probs.shape[1]))
+                    if return_per_draw:
+                        per_draw = probs.new_empty((num_draws, *total.shape))
+                total[start : start + batch_size] += probs
+                if per_draw is not None:
+                    per_draw[s, start : start + batch_size] = probs
+    mean = total / num_draws
+    return (mean, per_draw) if return_per_draw else mean

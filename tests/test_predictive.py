@@ -1,0 +1,157 @@
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import MCMC
+
+from pyro_flat.infer import SGLD
+from pyro_flat.nn import make_bayesian
+from pyro_flat.predictive import bma_probs
+
+IN, HIDDEN, CLASSES, DRAWS = 3, 5, 4, 7
+
+
+def tiny_net():
+    torch.manual_seed(0)
+    return make_bayesian(
+        torch.nn.Sequential(
+            torch.nn.Linear(IN, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, CLASSES)
+        ),
+        prior_scale=1.0,
+    )
+
+
+def random_samples(num_draws=DRAWS, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    shapes = {
+        "0.weight": (HIDDEN, IN), "0.bias": (HIDDEN,),
+        "2.weight": (CLASSES, HIDDEN), "2.bias": (CLASSES,),
+    }
+    return {k: torch.randn(num_draws, *s, generator=g) for k, s in shapes.items()}
+
+
+def direct_probs(samples, x):
+    """softmax of the MLP written out by hand, for each draw: (num_draws, num_data, classes)."""
+    out = []
+    for s in range(samples["0.weight"].shape[0]):
+        h = torch.tanh(x @ samples["0.weight"][s].T + samples["0.bias"][s])
+        out.append(torch.softmax(h @ samples["2.weight"][s].T + samples["2.bias"][s], -1))
+    return torch.stack(out)
+
+
+@pytest.fixture
+def x():
+    return torch.randn(23, IN, generator=torch.Generator().manual_seed(2))
+
+
+def test_equals_direct_loop(x):
+    samples = random_samples()
+    probs = bma_probs(tiny_net(), samples, x)
+    expected = direct_probs(samples, x).mean(0)
+    assert probs.shape == (23, CLASSES)
+    torch.testing.assert_close(probs, expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(23), atol=1e-6, rtol=0)
+    assert not probs.requires_grad
+
+
+def test_per_draw(x):
+    samples = random_samples()
+    mean, per_draw = bma_probs(tiny_net(), samples, x, return_per_draw=True)
+    assert per_draw.shape == (DRAWS, 23, CLASSES)
+    torch.testing.assert_close(per_draw, direct_probs(samples, x), atol=1e-6, rtol=0)
+    torch.testing.assert_close(mean, per_draw.mean(0), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("batch_size", [1, 4, 22, 23, 1024])
+def test_batching_does_not_change_the_result(x, batch_size):
+    net, samples = tiny_net(), random_samples()
+    reference = bma_probs(net, samples, x, batch_size=len(x))
+    probs, per_draw = bma_probs(net, samples, x, batch_size=batch_size, return_per_draw=True)
+    torch.testing.assert_close(probs, reference, atol=1e-6, rtol=0)
+    torch.testing.assert_close(per_draw.mean(0), reference, atol=1e-6, rtol=0)
+
+
+def test_single_draw_and_extra_sites_ignored(x):
+    samples = random_samples(num_draws=1)
+    samples["noise_scale"] = torch.ones(1)  # a latent of the model outside the network
+    torch.testing.assert_close(
+        bma_probs(tiny_net(), samples, x), direct_probs(samples, x)[0], atol=1e-6, rtol=0
+    )
+
+
+def test_draws_from_an_mcmc_run(x):
+    net = tiny_net()
+
+    def model(x, y):
+        plate = pyro.plate("data", x.shape[0], subsample_size=8)
+        with plate as ind:
+            pass
+        logits = net(x[ind])
+        with plate:
+            pyro.sample("obs", dist.Categorical(logits=logits), obs=y[ind])
+
+    pyro.set_rng_seed(0)
+    y = torch.randint(CLASSES, (len(x),))
+    mcmc = MCMC(SGLD(model, step_size=1e-3, num_steps_per_sample=2), num_samples=5,
+                warmup_steps=2, disable_progbar=True)
+    mcmc.run(x, y)
+    samples = mcmc.get_samples()
+    probs = bma_probs(net, samples, x, batch_size=5)
+    torch.testing.assert_close(probs, direct_probs(samples, x).mean(0), atol=1e-6, rtol=0)
+
+
+def test_does_not_touch_the_global_rng(x):
+    # every site is conditioned: no prior draw consumes random numbers
+    net, samples = tiny_net(), random_samples()
+    torch.manual_seed(5)
+    bma_probs(net, samples, x, batch_size=3)
+    after = torch.rand(1)
+    torch.manual_seed(5)
+    assert torch.equal(after, torch.rand(1))
+
+
+def test_missing_site(x):
+    samples = random_samples()
+    del samples["2.bias"]
+    with pytest.raises(ValueError, match=r"no draws for the network's sample sites \['2.bias'\]"):
+        bma_probs(tiny_net(), samples, x)
+
+
+def test_grouped_by_chain_is_rejected(x):
+    samples = {k: v.unsqueeze(0) for k, v in random_samples().items()}  # (chain, draw, ...)
+    with pytest.raises(ValueError, match="group_by_chain"):
+        bma_probs(tiny_net(), samples, x)
+
+
+def test_unequal_numbers_of_draws(x):
+    samples = random_samples()
+    samples["0.bias"] = samples["0.bias"][:3]
+    with pytest.raises(ValueError, match="same number of draws"):
+        bma_probs(tiny_net(), samples, x)
+
+
+def test_no_draws(x):
+    with pytest.raises(ValueError, match="no draws"):
+        bma_probs(tiny_net(), random_samples(num_draws=0), x)
+    with pytest.raises(ValueError, match="non-empty dict"):
+        bma_probs(tiny_net(), {}, x)
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 2.0, True])
+def test_invalid_batch_size(x, batch_size):
+    with pytest.raises(ValueError, match="batch_size"):
+        bma_probs(tiny_net(), random_samples(), x, batch_size=batch_size)
+
+
+def test_invalid_x():
+    with pytest.raises(ValueError, match="x must be a tensor"):
+        bma_probs(tiny_net(), random_samples(), torch.empty(0, IN))
+    with pytest.raises(ValueError, match="x must be a tensor"):
+        bma_probs(tiny_net(), random_samples(), [[0.0] * IN])
+
+
+def test_network_must_return_logits_matrix(x):
+    net = make_bayesian(torch.nn.Sequential(torch.nn.Linear(IN, 1), torch.nn.Flatten(0)))
+    samples = {"0.weight": torch.randn(2, 1, IN), "0.bias": torch.randn(2, 1)}
+    with pytest.raises(ValueError, match=r"logits of shape \(batch, num_classes\)"):
+        bma_probs(net, samples, x)
