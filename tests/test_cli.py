@@ -12,7 +12,7 @@ import torch
 import pyro_flat
 from pyro_flat import cli
 
-METHODS = ["sgld", "sghmc", "csgld", "sgd"]
+METHODS = ["sgld", "sghmc", "csgld", "entropy", "sgd"]
 HEADER = ("method", "accuracy", "NLL", "ECE", "Brier", "OOD AUROC", "grad evals", "draws",
           "wall time (s)")
 
@@ -54,7 +54,7 @@ def test_compare_prints_one_table(digits_run):
         assert 0.5 < acc <= 1 and nll > 0 and 0 <= ece <= 1 and 0 <= brier <= 2
         assert 0 <= auroc <= 1
         assert int(r[6]) == 60  # equal budget of SG steps
-    assert [int(r[7]) for r in rows] == [9, 9, 9, 1]  # kept draws; one network for SGD
+    assert [int(r[7]) for r in rows] == [9, 9, 9, 18, 1]  # kept draws; one network for SGD
     # one short progress line per method on stderr
     assert sum(line.startswith("[") for line in stderr.splitlines()) == len(METHODS)
 
@@ -84,12 +84,16 @@ def test_compare_writes_csv_and_json(digits_run):
 def test_compare_writes_draws_as_netcdf(digits_run):
     _, _, _, out = digits_run
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["results.csv", "results.json", "draws_csgld.nc", "draws_sghmc.nc", "draws_sgld.nc"]
+        ["results.csv", "results.json", "draws_csgld.nc", "draws_sghmc.nc", "draws_sgld.nc",
+         "draws_entropy.nc"]
     )
-    for method, kernel in [("sgld", "SGLD"), ("sghmc", "SGHMC"), ("csgld", "CyclicalSGLD")]:
+    for method, kernel in [("sgld", "SGLD"), ("sghmc", "SGHMC"), ("csgld", "CyclicalSGLD"),
+                           ("entropy", "EntropyMCMC")]:
         idata = az.from_netcdf(out / f"draws_{method}.nc")
-        assert set(idata.posterior.data_vars) == {"0.weight", "0.bias", "2.weight", "2.bias",
-                                                 "4.weight", "4.bias"}
+        sites = {"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"}
+        if method == "entropy":  # the guiding variable comes with the draws
+            sites |= {site + "__guide" for site in sites}
+        assert set(idata.posterior.data_vars) == sites
         assert idata.posterior["0.weight"].shape == (1, 9, 100, 64)
         assert {"lp", "step_size", "grad_norm", "diverging"} <= set(idata.sample_stats.data_vars)
         assert idata.posterior.attrs["pyro_flat_kernel"] == kernel
@@ -121,8 +125,8 @@ def one_error_line(stderr):
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--methods", "sgld,entropy,swag"],
-         "not implemented yet: entropy, swag (implemented: sgld, sghmc, csgld)"),
+        (["--methods", "sgld,contour,swag"],
+         "not implemented yet: contour, swag (implemented: sgld, sghmc, csgld, entropy)"),
         (["--methods", "ensembles"], "not implemented yet: ensembles"),
         (["--methods", "sgld,nuts"], "unknown method(s) nuts"),
         (["--methods", ","], "name at least one of sgld, sghmc, csgld"),
