@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -174,13 +175,17 @@ class EntropyMCMC(SGMCMCKernel):
     def update(self, z: torch.Tensor, grad: torch.Tensor, step_size: float) -> None:
         k = self.coupling_strength
         torch.sub(z, self._guide, out=self._diff)
-        grad.add_(self._diff, alpha=k)  # grad of the joint energy in theta
-        torch.mul(self._diff, -k, out=self._guide_grad)  # ... and in theta_a
+        grad.add_(self._diff, alpha=k)  # grad of the joint energy in theta; in theta_a: -k diff
         t, gen = self.temperature, self.aux_generator
         if self.friction is None:
             langevin_step_(z, grad, step_size, t, self._noise)
-            langevin_step_(self._guide, self._guide_grad, step_size, t, self._guide_noise, gen)
+            # langevin_step_ on theta_a with gradient -k diff, written out to save one pass
+            self._guide.add_(self._diff, alpha=step_size * k)
+            if t > 0:
+                noise = self._guide_noise.normal_(generator=gen)
+                self._guide.add_(noise, alpha=math.sqrt(2.0 * step_size * t))
         else:
+            torch.mul(self._diff, -k, out=self._guide_grad)
             c, m = self.friction, self.mass
             underdamped_step_(z, self._momentum, grad, step_size, c, m, t, self._noise)
             underdamped_step_(self._guide, self._guide_momentum, self._guide_grad, step_size,
