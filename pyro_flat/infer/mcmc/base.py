@@ -10,6 +10,7 @@ schedules, thinning, warmup counting, per-draw statistics, divergence handling a
 from __future__ import annotations
 
 import math
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,8 @@ from pyro_flat.infer.mcmc.minibatch import MinibatchStream
 from pyro_flat.infer.mcmc.potential import ModelPotential, trace_model
 
 _STATE_VERSION = 1
+#: A draw whose gradient norm exceeds this multiple of the run's median raises a warning.
+BLOW_UP_FACTOR = 100.0
 
 
 class _UserPotential:
@@ -317,7 +320,27 @@ class SGMCMCKernel(MCMCKernel):
             dtype = torch.bool if name == "diverging" else torch.get_default_dtype()
             stats[name] = torch.tensor(values, dtype=dtype)
         divergences = [i for i, d in enumerate(self._stats["diverging"]) if d]
+        self._warn_if_blown_up(stats["grad_norm"])
         return {"divergences": divergences, "sample_stats": stats, "num_sg_steps": self._t}
+
+    def _warn_if_blown_up(self, grad_norm: torch.Tensor) -> None:
+        """A chain can explode and stay finite; say so when a draw's gradient norm jumps far
+        above the run's median (the draws stay as they are, marked by their statistics)."""
+        finite = grad_norm[torch.isfinite(grad_norm)]
+        if len(finite) < 4:
+            return
+        median = float(finite.median())
+        jumps = torch.nonzero(grad_norm > BLOW_UP_FACTOR * median).flatten()
+        if len(jumps) and median > 0:
+            first = int(jumps[0])
+            warnings.warn(
+                f"{type(self).__name__}: the gradient norm at draw {first} is "
+                f"{float(grad_norm[first]):.3g}, over {BLOW_UP_FACTOR:g} times the run's median "
+                f"{median:.3g}, at {len(jumps)} draws: the chain may have blown up; look at the "
+                "lp and grad_norm statistics and try a smaller step_size",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     # ------------------------------------------------------------------ the hot path
 

@@ -316,3 +316,29 @@ def test_cyclical_and_sghmc_run_on_a_model():
                    SGHMC(model, step_size=1e-2, friction=50.0, mass=1.0)):
         mcmc = harness.run(kernel, 10, 2, 0, x, y)
         assert torch.isfinite(mcmc.get_samples()["net.weight"]).all()
+
+
+def test_a_finite_blow_up_is_reported():
+    """From step 500 the potential turns into 1e4 |x|: the chain stays finite but its gradient
+    norm jumps 10,000-fold, which is reported rather than passed over."""
+
+    class Steepening:
+        calls = 0
+
+        def __call__(self, p):
+            self.calls += 1
+            x = p["x"]
+            return 0.5 * (x**2).sum() if self.calls < 500 else 1e4 * x.abs().sum()
+
+    kernel = SGLD(potential_fn=Steepening(), initial_params={"x": torch.zeros(2)},
+                  step_size=0.05, num_steps_per_sample=5)
+    with pytest.warns(RuntimeWarning, match="may have blown up"):
+        mcmc = harness.run(kernel, 150, 0)
+    assert torch.isfinite(mcmc.get_samples()["x"]).all()
+
+
+def test_a_stable_chain_raises_no_blow_up_warning(recwarn):
+    target = harness.correlated_2d(num_chains=4)
+    kernel = SGLD(potential_fn=target, initial_params=target.initial_params(), step_size=0.05)
+    harness.run(kernel, 300, 20)
+    assert not [w for w in recwarn if "blown up" in str(w.message)]
