@@ -1,5 +1,5 @@
 """Inference for flat regions of a BNN posterior: MCMC kernels and SVI tools."""
 
-from pyro_flat.infer.mcmc import SGHMC, SGLD, CyclicalSGLD, EntropyMCMC, SGMCMCKernel
+from pyro_flat.infer.mcmc import SASGLD, SGHMC, SGLD, CyclicalSGLD, EntropyMCMC, SGMCMCKernel
 
-__all__ = ["SGMCMCKernel", "SGLD", "SGHMC", "CyclicalSGLD", "EntropyMCMC"]
+__all__ = ["SGMCMCKernel", "SGLD", "SGHMC", "CyclicalSGLD", "EntropyMCMC", "SASGLD"]

@@ -3,5 +3,6 @@
 from pyro_flat.infer.mcmc.base import SGMCMCKernel
 from pyro_flat.infer.mcmc.entropy import EntropyMCMC
 from pyro_flat.infer.mcmc.sgld import SGHMC, SGLD, CyclicalSGLD
+from pyro_flat.infer.mcmc.sharpness import SASGLD
 
-__all__ = ["SGMCMCKernel", "SGLD", "SGHMC", "CyclicalSGLD", "EntropyMCMC"]
+__all__ = ["SGMCMCKernel", "SGLD", "SGHMC", "CyclicalSGLD", "EntropyMCMC", "SASGLD"]
