@@ -1,10 +1,10 @@
 """Step time of the flat-seeking kernels relative to an SGLD step of the same model.
 
-Each kernel runs through ``pyro.infer.MCMC`` (10 SG steps per draw) on the MLP 784-100-100-10 at
-batch 128 of ``benchmarks/step_overhead.py``, alternating with SGLD in interleaved rounds so
-that machine noise hits both; the ratio is the median over rounds of (kernel time / SGLD time),
-wall clock and process CPU time. Issue targets: EntropyMCMC <= 1.1x, SASGLD <= 2.2x (two
-gradients per step).
+Each kernel runs through ``pyro.infer.MCMC`` (10 SG steps per draw) on the networks of
+``benchmarks/step_overhead.py`` (MLP 784-100-100-10 and a small CNN) at batch 128, alternating
+with SGLD in interleaved rounds so that machine noise hits both; the ratio is the median over
+rounds of (kernel time / SGLD time), wall clock and process CPU time. Issue targets:
+EntropyMCMC <= 1.1x, SASGLD <= 2.2x (two gradients per step).
 
 Run::
 
@@ -62,32 +62,33 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.rounds, args.steps = 2, 40
     torch.set_num_threads(1)
-    pyro.set_rng_seed(0)
-    net, _ = so.bayesian(so.make_mlp())
-    model, data = so.SubsampledModel(net), so.random_data((784,))
-    for name in KERNELS:  # warm up
-        timing(name, model, data, 2 * so.STEPS_PER_DRAW)
-    times: dict[str, list[so.Timing]] = {name: [] for name in KERNELS}
-    for _ in range(args.rounds):
-        for name in KERNELS:
-            times[name].append(timing(name, model, data, args.steps))
+    lines = ["| network | kernel | ms/step | ratio to SGLD (wall, median [min, max]) | "
+             "ratio (CPU) |", "|---|---|---:|---|---:|"]
     rows = []
-    base = times["SGLD"]
-    for name, ts in times.items():
-        wall = [t.wall / b.wall for t, b in zip(ts, base, strict=True)]
-        cpu = [t.cpu / b.cpu for t, b in zip(ts, base, strict=True)]
-        rows.append({
-            "kernel": name,
-            "ms_per_step": 1e3 * statistics.median(t.wall for t in ts) / args.steps,
-            "ratio_wall": statistics.median(wall), "ratio_wall_min": min(wall),
-            "ratio_wall_max": max(wall), "ratio_cpu": statistics.median(cpu),
-        })
-    lines = ["| kernel | ms/step | ratio to SGLD (wall, median [min, max]) | ratio (CPU) |",
-             "|---|---:|---|---:|"]
-    for r in rows:
-        lines.append(f"| {r['kernel']} | {r['ms_per_step']:.3f} | {r['ratio_wall']:.2f} "
-                     f"[{r['ratio_wall_min']:.2f}, {r['ratio_wall_max']:.2f}] | "
-                     f"{r['ratio_cpu']:.2f} |")
+    for network, (make_net, input_shape) in so.NETWORKS.items():
+        pyro.set_rng_seed(0)
+        net, _ = so.bayesian(make_net())
+        model, data = so.SubsampledModel(net), so.random_data(input_shape)
+        for name in KERNELS:  # warm up
+            timing(name, model, data, 2 * so.STEPS_PER_DRAW)
+        times: dict[str, list[so.Timing]] = {name: [] for name in KERNELS}
+        for _ in range(args.rounds):
+            for name in KERNELS:
+                times[name].append(timing(name, model, data, args.steps))
+        base = times["SGLD"]
+        for name, ts in times.items():
+            wall = [t.wall / b.wall for t, b in zip(ts, base, strict=True)]
+            cpu = [t.cpu / b.cpu for t, b in zip(ts, base, strict=True)]
+            row = {
+                "network": network, "kernel": name,
+                "ms_per_step": 1e3 * statistics.median(t.wall for t in ts) / args.steps,
+                "ratio_wall": statistics.median(wall), "ratio_wall_min": min(wall),
+                "ratio_wall_max": max(wall), "ratio_cpu": statistics.median(cpu),
+            }
+            rows.append(row)
+            lines.append(f"| {network} | {name} | {row['ms_per_step']:.3f} | "
+                         f"{row['ratio_wall']:.2f} [{row['ratio_wall_min']:.2f}, "
+                         f"{row['ratio_wall_max']:.2f}] | {row['ratio_cpu']:.2f} |")
     table = "\n".join(lines)
     print(table)
     meta = {"command": " ".join(["python", *sys.argv]), "rounds": args.rounds,
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     (args.out / f"kernel_step_ratio{suffix}.json").write_text(
         json.dumps({"meta": meta, "rows": rows}, indent=1))
     (args.out / f"kernel_step_ratio{suffix}.md").write_text(
-        "# Kernel step time relative to SGLD (MLP 784-100-100-10, batch 128, 1 thread)\n\n"
+        "# Kernel step time relative to SGLD (batch 128, 1 thread, 10 SG steps per draw)\n\n"
         + f"- command: `{meta['command']}`; {meta['rounds']} rounds of {meta['steps']} steps; "
         + f"{meta['cpu']}; torch {meta['torch']}; {meta['date']}\n\n" + table + "\n")
 
