@@ -1,0 +1,365 @@
+"""ContourSGLD: SGLD on a flattened target that learns the energy PDF as it samples.
+
+Work in progress: the update rule, the reweighting and the checkpoints are tested, but the kernel
+has not yet shown the mode escape of ALGORITHMS.md's toys A and B, so it is not exported from
+:mod:`pyro_flat.infer` (issue 4).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from pyro_flat import validation
+from pyro_flat.infer.mcmc.base import SGMCMCKernel
+from pyro_flat.infer.mcmc.integrators import langevin_step_
+
+#: Margin added on each side of the warmup energies when ``auto_bins=True``, as a fraction of
+#: their range (the flattened chain climbs above the warmup energies, hence more room on top).
+AUTO_MARGIN_BELOW = 0.1
+AUTO_MARGIN_ABOVE = 1.0
+
+
+class ContourSGLD(SGMCMCKernel):
+    r"""Contour stochastic gradient Langevin dynamics (CSGLD).
+
+    Samples the flattened target :math:`\varpi(\theta) \propto \pi_T(\theta)/\Psi(U(\theta))^\zeta`,
+    with :math:`\pi_T \propto \exp(-U/T)` and :math:`\Psi` the (piecewise-constant in log)
+    energy PDF, learned on the fly by stochastic approximation; draws are reweighted back to
+    :math:`\pi_T` by :math:`w_k = g_k[J_k]^\zeta` (see :func:`reweight`). With ``zeta = 0`` the
+    kernel is :class:`~pyro_flat.infer.SGLD` exactly (same draws at the same seed).
+
+    Energy partition: ``m`` bins of width :math:`\Delta u` from :math:`u_{\min}`; bin ``i``
+    (0-based) covers :math:`[u_{\min} + i\Delta u,\ u_{\min} + (i+1)\Delta u)`, energies below
+    :math:`u_{\min}` fall in bin 0 and above the top in bin ``m - 1``:
+    :math:`J(u) = \operatorname{clip}(\lfloor (u - u_{\min})/\Delta u \rfloor, 0, m-1)`.
+    One gradient per SG step, at the current :math:`\theta` with stochastic energy
+    :math:`\hat U = \hat U(\theta)` and :math:`J = J(\hat U)`:
+
+    .. math::
+
+        g_i &\leftarrow g_i + \omega_k\, g_J^\zeta\,(\mathbb{1}\{i = J\} - g_i), \qquad
+              \omega_k = \min\!\big(\omega_0,\ 10/(k^{0.8} + 100)\big) \\
+        \mu &= 1 + \zeta T\,(\log g_{J^-} - \log g_{J^- - 1}) / \Delta u, \qquad
+              J^- = \max(J, 1) \\
+        \theta &\leftarrow \theta - \epsilon\,\mu\,\nabla \hat U(\theta) + \sqrt{2\epsilon T}\,\xi
+
+    with :math:`g` starting at :math:`(m, m-1, \dots, 1)/\sum` (so :math:`\mu < 1` at first)
+    and ``k`` the number of SA updates so far (1-based). :math:`\mu < 0` is the "bouncy" move
+    out of a trap; ``multiplier_clip`` bounds it (the author's ICSGLD code uses ``(-5, 5)``).
+
+    Choices where the paper, the authors' code and BlackJAX differ (ALGORITHMS.md §2):
+
+    * **Index convention.** The multiplier is the backward difference
+      :math:`(\log g_J - \log g_{J-1})/\Delta u`, the slope of the piecewise-linear
+      :math:`\log\Psi` on the interval ending in bin ``J``, as in the official solver (which
+      keeps ``J`` in ``[1, m-1]``); in bin 0 there is no lower neighbour and the slope of bins
+      0-1 is used (:math:`J^- = \max(J, 1)`). The SA update and the weights use ``J`` itself.
+    * **Energy of the SA step.** The paper updates :math:`g` with
+      :math:`J' = J(\hat U(\theta_{new}))` right after the move, which needs a second
+      evaluation. Here it is deferred to the start of the next step, which evaluates
+      :math:`\hat U(\theta_{new})` anyway for its gradient: the
+      sequence of updates is the paper's (SA with the new energy, then a move with the updated
+      :math:`g` at that same energy), with one potential and gradient per step, as the
+      official code. The SA update and the multiplier thus share one minibatch energy.
+    * **SA gain** is :math:`\omega_k g_J^{p}` with ``p = sa_power``; the default ``p = zeta`` is
+      the paper's and the official code's :math:`g_J^\zeta`; ``sa_power=1`` is BlackJAX's
+      :math:`g_J`. At the fixed point :math:`g_i^{1+\zeta-p} \propto \pi_T(\text{bin } i)`
+      (for ``p = zeta``, :math:`g_i = \pi_T(\text{bin } i)`; for ``p = 1``, :math:`g^\zeta
+      \propto \pi_T`: flat in energy); the weights :math:`g^\zeta` undo the flattening for any
+      ``g``, so the reweighted estimates are consistent either way. With ``zeta > 1`` the
+      paper's gain learns bins of small ``g`` very slowly (ALGORITHMS.md Toy B: the
+      chain stays in one mode).
+    * **Weights.** The draw :math:`\theta_k` gets ``log_weight``
+      :math:`= \zeta\log g[J(\hat U(\theta_k))]` with :math:`g` before the SA update with
+      that energy (the :math:`g_k[J_k]` of the paper).
+
+    Parameters
+    ----------
+    num_bins : int
+        ``m >= 2``.
+    bin_width : float
+        :math:`\Delta u > 0`. Give it with ``min_energy``, or use ``auto_bins``.
+    min_energy : float
+        :math:`u_{\min}`, the lower edge of bin 0.
+    auto_bins : bool
+        Place the bins from the stochastic energies seen during warmup: during warmup the kernel
+        runs plain SGLD (:math:`\mu = 1`, no SA updates) and collects :math:`\hat U`; at the
+        first post-warmup step it fixes :math:`u_{\min} = \min - 0.1 r` and
+        :math:`\Delta u = 2.1 r / m` with ``r`` the warmup range (so the bins span
+        ``[min - 0.1 r, max + r]``: the flattened chain climbs above the warmup energies). The
+        partition stays fixed afterwards (also across :meth:`load_state_dict`). Needs
+        ``warmup_steps >= 1``. Bins must bracket the energies the chain visits: never-visited
+        bins keep their initial value and skew the multiplier (see ``diagnostics()``).
+    zeta : float
+        :math:`\zeta \ge 0`, the flattening; ``0`` is SGLD.
+    omega0 : float
+        :math:`\omega_0 \in (0, 1]`, the SA step cap (ALGORITHMS.md Toy A: ``3e-3``).
+    sa_power : float, optional
+        The power ``p`` of the SA gain :math:`\omega_k g_J^p`; ``None`` (default) is ``zeta``.
+    multiplier_clip : (float, float), optional
+        Clip :math:`\mu` to ``[low, high]``; ``None`` (default) does not clip.
+    **kwargs
+        The arguments of :class:`SGMCMCKernel` (``model``/``potential_fn``, ``step_size`` on ``U``:
+        an SGD learning rate ``lr`` on the mean loss over ``N`` points is ``lr / N``, ...).
+
+    Notes
+    -----
+    Per-draw statistics, besides the base ones: ``energy`` (:math:`\hat U` at the draw, the
+    same minibatch as ``lp``), ``energy_bin`` (its bin) and ``log_weight``. Reweighted
+    estimates: ``reweight(values, stats["log_weight"])``. ``diagnostics()`` holds
+    ``"energy_pdf"`` (the learned :math:`g`) and ``"energy_edges"`` (the ``m + 1`` bin edges).
+
+    Example
+    -------
+    >>> import torch
+    >>> from pyro.infer import MCMC
+    >>> from pyro_flat.infer.mcmc.contour import ContourSGLD, reweight
+    >>> def potential(p):  # two modes at +-2
+    ...     x = p["x"]
+    ...     return -torch.logaddexp(-8 * (x - 2) ** 2, -8 * (x + 2) ** 2).sum()
+    >>> kernel = ContourSGLD(potential_fn=potential, initial_params={"x": torch.tensor(2.0)},
+    ...                      step_size=1e-2, num_bins=50, bin_width=0.5, min_energy=-1.0, zeta=1.0)
+    >>> mcmc = MCMC(kernel, num_samples=2000, warmup_steps=100, disable_progbar=True)
+    >>> mcmc.run()
+    >>> stats = mcmc._diagnostics[0]["sample_stats"]
+    >>> p_left = reweight((mcmc.get_samples()["x"] < 0).double(), stats["log_weight"])
+
+    References
+    ----------
+    Deng, W., Lin, G. & Liang, F. (2020). A contour stochastic gradient Langevin dynamics
+    algorithm for simulations of multi-modal distributions. NeurIPS.
+    """
+
+    stat_names = SGMCMCKernel.stat_names + ("energy", "energy_bin", "log_weight")
+
+    def __init__(
+        self,
+        model: Callable | None = None,
+        step_size: float | None = None,
+        *,
+        num_bins: int,
+        bin_width: float | None = None,
+        min_energy: float | None = None,
+        auto_bins: bool = False,
+        zeta: float = 1.0,
+        omega0: float = 3e-3,
+        multiplier_clip: tuple[float, float] | None = None,
+        sa_power: float | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(model, step_size, **kwargs)
+        self.num_bins = validation.integer_at_least("num_bins", num_bins, 2)
+        self.auto_bins = bool(auto_bins)
+        if self.auto_bins:
+            if bin_width is not None or min_energy is not None:
+                raise ValueError("give either auto_bins=True or bin_width and min_energy, not both")
+            self.bin_width = self.min_energy = None
+        else:
+            if bin_width is None or min_energy is None:
+                raise ValueError("bin_width and min_energy are required unless auto_bins=True")
+            self.bin_width = validation.positive("bin_width", bin_width)
+            self.min_energy = validation.in_range("min_energy", min_energy, -math.inf, math.inf,
+                                                  closed="()")
+        self.zeta = validation.nonnegative("zeta", zeta)
+        self.omega0 = validation.in_range("omega0", omega0, 0.0, 1.0, closed="(]")
+        if multiplier_clip is not None:
+            try:
+                lo, hi = (float(v) for v in multiplier_clip)
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"multiplier_clip must be None or a pair (low, high), got {multiplier_clip!r}"
+                ) from None
+            if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+                raise ValueError(f"multiplier_clip must be finite with low < high, got "
+                                 f"{multiplier_clip!r}")
+            multiplier_clip = (lo, hi)
+        self.multiplier_clip = multiplier_clip
+        self.sa_power = self.zeta if sa_power is None else validation.nonnegative(
+            "sa_power", sa_power)
+
+    # ------------------------------------------------------------------ state
+
+    def init_kernel_state(self, z: torch.Tensor) -> None:
+        self._noise = torch.empty_like(z)
+        m = self.num_bins
+        g = torch.arange(m, 0, -1, dtype=torch.float64)
+        self._g = g / g.sum()
+        self._num_sa = 0
+        self._warmup_energies: list[float] = []
+        self._u = math.nan
+        self._stat_pending: int | None = None
+
+    def kernel_state(self) -> dict[str, Any]:
+        return {
+            "energy_pdf": self._g,
+            "num_sa_updates": self._num_sa,
+            "min_energy": self.min_energy,
+            "bin_width": self.bin_width,
+            "warmup_energies": list(self._warmup_energies),
+        }
+
+    def load_kernel_state(self, state: dict[str, Any]) -> None:
+        self._g.copy_(state["energy_pdf"])
+        self._num_sa = int(state["num_sa_updates"])
+        self.min_energy, self.bin_width = state["min_energy"], state["bin_width"]
+        self._warmup_energies = list(state["warmup_energies"])
+
+    @property
+    def bins_fixed(self) -> bool:
+        return self.bin_width is not None
+
+    @property
+    def energy_edges(self) -> torch.Tensor:
+        """The ``m + 1`` edges of the energy bins (after warmup when ``auto_bins``)."""
+        if not self.bins_fixed:
+            raise RuntimeError("the energy bins are placed at the end of warmup (auto_bins)")
+        i = torch.arange(self.num_bins + 1, dtype=torch.float64)
+        return self.min_energy + self.bin_width * i
+
+    def _fix_bins(self) -> None:
+        u = [x for x in self._warmup_energies if math.isfinite(x)]
+        if not u:
+            raise RuntimeError("auto_bins needs warmup_steps >= 1 with finite energies to place "
+                               "the energy bins")
+        lo, hi = min(u), max(u)
+        r = max(hi - lo, 1e-6 * max(abs(lo), 1.0))
+        self.min_energy = lo - AUTO_MARGIN_BELOW * r
+        self.bin_width = (1 + AUTO_MARGIN_BELOW + AUTO_MARGIN_ABOVE) * r / self.num_bins
+        self._warmup_energies = []
+
+    def bin_of(self, u: float) -> int:
+        """The bin ``J(u)`` of an energy (below the first edge: 0, above the last: ``m - 1``)."""
+        j = math.floor((u - self.min_energy) / self.bin_width)
+        return min(max(j, 0), self.num_bins - 1)
+
+    # ------------------------------------------------------------------ the step
+
+    def gradient(self, batch: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        u_t, grad = self.potential_and_grad(batch)
+        u = float(u_t)
+        self._u = u
+        if self.auto_bins and not self.bins_fixed:
+            if self._draw < self._warmup_steps:
+                self._warmup_energies.append(u)
+            else:
+                self._fix_bins()
+        if self._stat_pending is not None:
+            self._fill_stats(self._stat_pending, u)
+            self._stat_pending = None
+        return u_t, grad
+
+    def multiplier(self, j: int) -> float:
+        """The gradient multiplier :math:`\\mu` in bin ``j`` for the current ``g``."""
+        if self.zeta == 0.0:
+            return 1.0
+        jm = max(j, 1)
+        slope = (math.log(self._g[jm]) - math.log(self._g[jm - 1])) / self.bin_width
+        mult = 1.0 + self.zeta * self.temperature * slope
+        if self.multiplier_clip is not None:
+            mult = min(max(mult, self.multiplier_clip[0]), self.multiplier_clip[1])
+        return mult
+
+    def sa_step_size(self, k: int) -> float:
+        """:math:`\\omega_k = \\min(\\omega_0, 10/(k^{0.8} + 100))`."""
+        return min(self.omega0, 10.0 / (k**0.8 + 100.0))
+
+    def update(self, z: torch.Tensor, grad: torch.Tensor, step_size: float) -> None:
+        mult = 1.0
+        if self.bins_fixed:
+            j = self.bin_of(self._u)
+            self._num_sa += 1
+            gain = self.sa_step_size(self._num_sa) * float(self._g[j]) ** self.sa_power
+            self._g.mul_(1.0 - gain)
+            self._g[j] += gain
+            mult = self.multiplier(j)
+        if mult != 1.0:
+            grad.mul_(mult)
+        langevin_step_(z, grad, step_size, self.temperature, self._noise)
+
+    # ------------------------------------------------------------------ statistics
+
+    def record_stats(self) -> None:
+        self._stats["energy"].append(math.nan)
+        self._stats["energy_bin"].append(-1)
+        self._stats["log_weight"].append(math.nan)
+        self._stat_pending = len(self._stats["energy"]) - 1
+
+    def _fill_stats(self, i: int, u: float) -> None:
+        self._stats["energy"][i] = u
+        if math.isfinite(u) and self.bins_fixed:
+            j = self.bin_of(u)
+            self._stats["energy_bin"][i] = j
+            self._stats["log_weight"][i] = self.zeta * math.log(self._g[j])
+        else:  # a non-finite energy gets no weight
+            self._stats["log_weight"][i] = -math.inf
+
+    def _evaluate_pending_draw(self) -> None:
+        i = self._pending
+        super()._evaluate_pending_draw()
+        if self._stat_pending is not None:
+            self._fill_stats(self._stat_pending, -self._stats["lp"][i])
+            self._stat_pending = None
+
+    def diagnostics(self) -> dict[str, Any]:
+        out = super().diagnostics()
+        stats = out["sample_stats"]
+        stats["energy_bin"] = stats["energy_bin"].long()
+        out["energy_pdf"] = self._g.clone()
+        out["energy_edges"] = self.energy_edges if self.bins_fixed else None
+        out["num_sa_updates"] = self._num_sa
+        return out
+
+
+def reweight(
+    values: torch.Tensor,
+    log_weight: torch.Tensor,
+    method: str = "weighted",
+    *,
+    num_samples: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    r"""Estimates under the original target from ContourSGLD draws and their ``log_weight``.
+
+    Parameters
+    ----------
+    values : torch.Tensor
+        ``f(theta_k)``, with the leading dimensions of ``log_weight`` (e.g. ``(draws, ...)`` or
+        ``(chains, draws, ...)``: several chains are pooled, as one concatenated run).
+    log_weight : torch.Tensor
+        The per-draw statistic ``log_weight`` (shape ``(draws,)`` or ``(chains, draws)``).
+    method : {"weighted", "resample"}
+        ``"weighted"``: :math:`\sum_k \mathrm{softmax}(\log w)_k f(\theta_k)`. ``"resample"``:
+        unbiased systematic resampling (one uniform :math:`u`, positions :math:`(u + i)/n`),
+        returning ``num_samples`` (default: the number of draws) equally weighted values; each
+        draw appears :math:`\lfloor n w_k \rfloor` or :math:`\lceil n w_k \rceil` times.
+    generator : torch.Generator, optional
+        For the uniform of ``"resample"`` (default: torch's global one).
+    """
+    log_weight = torch.as_tensor(log_weight)
+    lead = log_weight.dim()
+    if tuple(values.shape[:lead]) != tuple(log_weight.shape):
+        raise ValueError(f"values of shape {tuple(values.shape)} do not start with the shape "
+                         f"{tuple(log_weight.shape)} of log_weight")
+    lw = log_weight.reshape(-1).double()
+    vals = values.reshape(lw.shape[0], *values.shape[lead:])
+    if not torch.isfinite(lw).any():
+        raise ValueError("log_weight has no finite entry")
+    w = torch.softmax(lw, 0)
+    if method == "weighted":
+        w = w.reshape(-1, *([1] * (vals.dim() - 1)))
+        return (w * vals.double()).sum(0).to(values.dtype if values.is_floating_point()
+                                             else torch.float64)
+    if method == "resample":
+        n = len(w) if num_samples is None else validation.integer_at_least(
+            "num_samples", num_samples, 1)
+        u = torch.rand((), dtype=torch.float64, generator=generator)
+        positions = (u + torch.arange(n, dtype=torch.float64)) / n
+        cdf = torch.cumsum(w, 0)
+        cdf[-1] = 1.0
+        idx = torch.searchsorted(cdf, positions, right=True).clamp_(max=len(w) - 1)
+        return vals[idx]
+    raise ValueError(f"method must be 'weighted' or 'resample', got {method!r}")
