@@ -102,6 +102,11 @@ class ContourSGLD(SGMCMCKernel):
         The power ``p`` of the SA gain :math:`\omega_k g_J^p`; ``None`` (default) is ``zeta``.
     multiplier_clip : (float, float), optional
         Clip :math:`\mu` to ``[low, high]``; ``None`` (default) does not clip.
+    bounds : (float, float), optional
+        Keep the flat (unconstrained) parameters in the box ``[low, high]^d``: an SG step whose
+        move would leave it is rejected and :math:`\theta` stays where it is (the SA update of
+        that step is kept), as in the official toy demo (ALGORITHMS.md Toy A). ``None``
+        (default): no box.
     **kwargs
         The arguments of :class:`SGMCMCKernel` (``model``/``potential_fn``, ``step_size`` on ``U``:
         an SGD learning rate ``lr`` on the mean loss over ``N`` points is ``lr / N``, ...).
@@ -149,6 +154,7 @@ class ContourSGLD(SGMCMCKernel):
         omega0: float = 3e-3,
         multiplier_clip: tuple[float, float] | None = None,
         sa_power: float | None = None,
+        bounds: tuple[float, float] | None = None,
         **kwargs: Any,
     ):
         super().__init__(model, step_size, **kwargs)
@@ -180,11 +186,23 @@ class ContourSGLD(SGMCMCKernel):
         self.multiplier_clip = multiplier_clip
         self.sa_power = self.zeta if sa_power is None else validation.nonnegative(
             "sa_power", sa_power)
+        if bounds is not None:
+            try:
+                lo, hi = (float(v) for v in bounds)
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"bounds must be None or a pair (low, high), got {bounds!r}") from None
+            if not lo < hi:  # also rejects nan
+                raise ValueError(f"bounds must have low < high, got {bounds!r}")
+            bounds = (lo, hi)
+        self.bounds = bounds
 
     # ------------------------------------------------------------------ state
 
     def init_kernel_state(self, z: torch.Tensor) -> None:
         self._noise = torch.empty_like(z)
+        self._z_before = torch.empty_like(z) if self.bounds is not None else None
+        self.num_rejected = 0
         m = self.num_bins
         g = torch.arange(m, 0, -1, dtype=torch.float64)
         self._g = g / g.sum()
@@ -278,7 +296,14 @@ class ContourSGLD(SGMCMCKernel):
             mult = self.multiplier(j)
         if mult != 1.0:
             grad.mul_(mult)
+        if self.bounds is not None:
+            self._z_before.copy_(z)
         langevin_step_(z, grad, step_size, self.temperature, self._noise)
+        if self.bounds is not None and not bool(
+            ((z >= self.bounds[0]) & (z <= self.bounds[1])).all()
+        ):
+            z.copy_(self._z_before)
+            self.num_rejected += 1
 
     # ------------------------------------------------------------------ statistics
 
