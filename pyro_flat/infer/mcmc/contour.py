@@ -1,8 +1,10 @@
 """ContourSGLD: SGLD on a flattened target that learns the energy PDF as it samples.
 
-Work in progress: the update rule, the reweighting and the checkpoints are tested, but the kernel
-has not yet shown the mode escape of ALGORITHMS.md's toys A and B, so it is not exported from
-:mod:`pyro_flat.infer` (issue 4).
+Work in progress: the update rule, the reweighting and the checkpoints are tested, and on
+ALGORITHMS.md's toy A (nine modes, the author's settings, ``bounds=(-2.5, 2.5)``) the kernel
+follows a plain loop of the update rule step for step and escapes the start mode; toy B (the 1-D
+mixture at T = 50) is not reproduced yet, so it is not exported from :mod:`pyro_flat.infer`
+(issue 4).
 """
 
 from __future__ import annotations

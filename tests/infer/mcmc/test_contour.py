@@ -1,5 +1,6 @@
-"""ContourSGLD: reduction to SGLD at zeta = 0, the mixture toy (ALGORITHMS.md §2, Toy B),
-reweighting, checkpoints and bad input."""
+"""ContourSGLD: reduction to SGLD at zeta = 0, reweighting, checkpoints, bad input, and the
+nine-mode toy of ALGORITHMS.md §2 (Toy A): the kernel against a plain loop of the rule, and the
+escape from the start mode."""
 
 import math
 
@@ -113,6 +114,9 @@ def test_resume_continues_the_chain_and_g():
     (dict(zeta=float("nan")), "zeta"),
     (dict(omega0=0.0), "omega0"),
     (dict(multiplier_clip=(5, -5)), "multiplier_clip"),
+    (dict(bounds=(1.0, -1.0)), "bounds must have low < high"),
+    (dict(bounds=(0.0, float("nan"))), "bounds"),
+    (dict(bounds=3.0), r"bounds must be None or a pair"),
     (dict(auto_bins=True), "auto_bins"),
     (dict(bin_width=None), "bin_width and min_energy are required"),
 ])
@@ -121,3 +125,100 @@ def test_bad_input(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         ContourSGLD(lambda: None, **args)
+
+
+# ----------------------------------------------------------------- Toy A (ALGORITHMS.md §2)
+
+TOY_A_C = 1.2 * math.pi
+TOY_A_BINS = dict(num_bins=100, min_energy=-7.6655, bin_width=(17.3333 + 7.6655) / 100)
+
+
+def toy_a_energy_and_grad(x):
+    """The nine-mode energy of the official demo and its gradient, on (..., 2) points."""
+    r2 = (x**2).sum(-1)
+    u = (r2 / 10 - torch.cos(TOY_A_C * x[..., 0]) - torch.cos(TOY_A_C * x[..., 1])) / 0.3
+    u = u + torch.relu(r2 - 7)
+    grad = (x / 5 + TOY_A_C * torch.sin(TOY_A_C * x)) / 0.3 + 2 * x * (r2 > 7).unsqueeze(-1)
+    return u, grad
+
+
+class _ToyAEnergy(torch.autograd.Function):
+    """U(x) with its analytic gradient (one backward node: cheaper per step than autograd)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        u, grad = toy_a_energy_and_grad(x)
+        ctx.save_for_backward(grad)
+        return u
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (grad,) = ctx.saved_tensors
+        return grad_output * grad
+
+
+def toy_a_potential(params):
+    """Energy noise 0.32 N(0, 1) and independent gradient noise 0.32 N(0, I): the value is
+    U + 0.32 n_e, the gradient grad U + 0.32 n_g (the linear term has value 0 exactly)."""
+    x = params["x"]
+    noise_e = 0.32 * torch.randn((), dtype=x.dtype)
+    noise_g = 0.32 * torch.randn(2, dtype=x.dtype)
+    lin = (x * noise_g).sum()
+    return _ToyAEnergy.apply(x) + noise_e + (lin - lin.detach())
+
+
+def toy_a_kernel(start, **kwargs):
+    return ContourSGLD(potential_fn=toy_a_potential,
+                       initial_params={"x": torch.tensor(start, dtype=torch.float64)},
+                       step_size=1e-3, zeta=0.75, omega0=3e-3, bounds=(-2.5, 2.5),
+                       **TOY_A_BINS, **kwargs)
+
+
+def test_toy_a_matches_a_plain_reference():
+    """Same seed, same random stream: the kernel's g and chain are those of a plain loop of the
+    update rule (started by the box edge, so that some moves are rejected)."""
+    torch.manual_seed(5)
+    k = toy_a_kernel([2.47, 2.47])
+    k.setup(0)
+    params, trajectory = k.initial_params, []
+    for _ in range(300):
+        params = k.sample(params)
+        trajectory.append((params["x"].clone(), k._g.clone()))
+
+    m, umin, du = TOY_A_BINS["num_bins"], TOY_A_BINS["min_energy"], TOY_A_BINS["bin_width"]
+    torch.manual_seed(5)
+    torch.randint(2**62, ())  # what setup() draws for the auxiliary stream
+    x = torch.tensor([2.47, 2.47], dtype=torch.float64)
+    g = torch.arange(m, 0, -1, dtype=torch.float64)
+    g /= g.sum()
+    rejected = 0
+    for step, (x_kernel, g_kernel) in enumerate(trajectory, 1):
+        u0, grad0 = toy_a_energy_and_grad(x)
+        u = u0 + 0.32 * torch.randn((), dtype=torch.float64)
+        grad = grad0 + 0.32 * torch.randn(2, dtype=torch.float64)
+        j = min(max(math.floor((float(u) - umin) / du), 0), m - 1)
+        gain = min(3e-3, 10 / (step**0.8 + 100)) * float(g[j]) ** 0.75
+        g = g * (1 - gain)
+        g[j] += gain
+        jm = max(j, 1)
+        mult = 1 + 0.75 * 1.0 * math.log(g[jm] / g[jm - 1]) / du
+        proposal = x - 1e-3 * mult * grad + math.sqrt(2e-3) * torch.randn(2, dtype=torch.float64)
+        if bool((proposal.abs() <= 2.5).all()):
+            x = proposal
+        else:
+            rejected += 1
+        assert torch.equal(g_kernel, g), step
+        assert torch.allclose(x_kernel, x, rtol=0, atol=1e-12), step
+    assert rejected == k.num_rejected > 0
+
+
+def toy_a_truth(n=801):
+    """P(central cell) and the energy PDF over the bins under exp(-U), by quadrature."""
+    t = torch.linspace(-2.5, 2.5, n, dtype=torch.float64)
+    grid = torch.stack(torch.meshgrid(t, t, indexing="ij"), -1)
+    u, _ = toy_a_energy_and_grad(grid)
+    w = torch.exp(-(u - u.min()))
+    bins = ((u - TOY_A_BINS["min_energy"]) / TOY_A_BINS["bin_width"]).floor()
+    pdf = torch.bincount(bins.clamp(0, 99).long().flatten(), w.flatten(), 100)
+    central = (w * (grid.abs() < 1 / 1.2).all(-1)).sum() / w.sum()
+    return float(central), pdf / pdf.sum()
