@@ -241,3 +241,17 @@ def underdamped_exact_cov(hessian: torch.Tensor, step_size: float, friction: flo
     ])
     g = torch.cat([eps / mass * i, i])
     return stationary_covariance(f, 2 * friction * eps * temperature * g @ g.T)[:d, :d]
+
+
+def assert_resume_continues(make_kernel, *args, seed: int = 3):
+    """Run 4 + 20 draws at once, and 4 + 10 draws, a checkpoint, then 10 more draws in a new
+    kernel (under another seed: the checkpoint's random state must win); the last 10 draws must
+    be equal bit for bit. Returns the two runs ``(whole, second)``."""
+    whole = run(make_kernel(), 20, 4, seed, *args)
+    first = run(make_kernel(), 10, 4, seed, *args)
+    resumed = make_kernel()
+    resumed.load_state_dict(first.kernel.state_dict())
+    second = run(resumed, 10, 0, seed + 1000, *args)
+    for site, values in whole.get_samples().items():
+        assert torch.equal(values[10:], second.get_samples()[site]), site
+    return whole, second

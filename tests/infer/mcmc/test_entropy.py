@@ -142,13 +142,7 @@ def test_resume_continues_theta_and_guide(tmp_path):
         model = harness.BayesianLinearRegression(2, 2.0, 1.0, batch_size=64)
         return EntropyMCMC(model, step_size=5e-5, eta=1e-2, friction=100.0, num_steps_per_sample=2)
 
-    whole = harness.run(kernel(), 20, 4, 3, x, y)
-    first = harness.run(kernel(), 10, 4, 3, x, y)
-    resumed = kernel()
-    resumed.load_state_dict(first.kernel.state_dict())
-    second = harness.run(resumed, 10, 0, 99, x, y)
-    for site, values in whole.get_samples().items():
-        assert torch.equal(values[10:], second.get_samples()[site]), site
+    harness.assert_resume_continues(kernel, x, y)
 
 
 @pytest.mark.parametrize("eta", [0.0, -1.0, float("nan"), float("inf")])

@@ -205,13 +205,7 @@ def test_resume_continues_the_chain():
         model = harness.BayesianLinearRegression(2, 2.0, 1.0, batch_size=64)
         return SASGLD(model, step_size=5e-5, rho=0.05, friction=100.0, num_steps_per_sample=2)
 
-    whole = harness.run(kernel(), 20, 4, 3, x, y)
-    first = harness.run(kernel(), 10, 4, 3, x, y)
-    resumed = kernel()
-    resumed.load_state_dict(first.kernel.state_dict())
-    second = harness.run(resumed, 10, 0, 99, x, y)
-    for site, values in whole.get_samples().items():
-        assert torch.equal(values[10:], second.get_samples()[site]), site
+    whole, second = harness.assert_resume_continues(kernel, x, y)
     assert torch.equal(stats_of(whole)["sharpness"][10:], stats_of(second)["sharpness"])
 
 
