@@ -466,8 +466,12 @@ class SGMCMCKernel(MCMCKernel):
             },
             "minibatch": None if self._stream is None else self._stream.state_dict(),
             "rng": self._rng_for_checkpoint(),
-            "aux_rng": self.aux_generator.get_state(),
+            "aux_rng": self.aux_generator_state(),
         }
+
+    def aux_generator_state(self) -> torch.Tensor:
+        """State of :attr:`aux_generator` for a checkpoint (a kernel that draws ahead overrides)."""
+        return self.aux_generator.get_state()
 
     def _rng_for_checkpoint(self) -> dict[str, Any]:
         end = getattr(self, "_rng_at_end", None)

@@ -11,6 +11,7 @@ import torch
 from pyro_flat import validation
 from pyro_flat.infer.mcmc.base import SGMCMCKernel
 from pyro_flat.infer.mcmc.integrators import langevin_step_, underdamped_step_
+from pyro_flat.infer.mcmc.noise import PrefetchedNormal
 
 #: Suffix of the guiding variable's sites in the draws: ``"fc1.weight"`` -> ``"fc1.weight__guide"``.
 GUIDE_SUFFIX = "__guide"
@@ -137,7 +138,11 @@ class EntropyMCMC(SGMCMCKernel):
         self._diff = torch.empty_like(z)
         self._guide_grad = torch.empty_like(z)
         self._noise = torch.empty_like(z)
-        self._guide_noise = torch.empty_like(z)
+        # theta_a's noise is independent of the step, so it is drawn ahead while the gradient
+        # is computed (same values as drawing it here; see noise.py)
+        if getattr(self, "_guide_noise", None) is not None:
+            self._guide_noise.close()
+        self._guide_noise = PrefetchedNormal(z, self.aux_generator)
         if self.friction is not None:
             self._momentum = torch.zeros_like(z)
             self._guide_momentum = torch.zeros_like(z)
@@ -159,6 +164,14 @@ class EntropyMCMC(SGMCMCKernel):
             self._momentum.zero_()
             self._guide_momentum.zero_()
 
+    def aux_generator_state(self) -> torch.Tensor:
+        return self._guide_noise.generator_state()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_guide_noise", None)
+        return state
+
     def auxiliary_state(self) -> torch.Tensor:
         return self._guide
 
@@ -176,20 +189,20 @@ class EntropyMCMC(SGMCMCKernel):
         k = self.coupling_strength
         torch.sub(z, self._guide, out=self._diff)
         grad.add_(self._diff, alpha=k)  # grad of the joint energy in theta; in theta_a: -k diff
-        t, gen = self.temperature, self.aux_generator
+        t = self.temperature
         if self.friction is None:
             langevin_step_(z, grad, step_size, t, self._noise)
             # langevin_step_ on theta_a with gradient -k diff, written out to save one pass
             self._guide.add_(self._diff, alpha=step_size * k)
             if t > 0:
-                noise = self._guide_noise.normal_(generator=gen)
+                noise = self._guide_noise.next()
                 self._guide.add_(noise, alpha=math.sqrt(2.0 * step_size * t))
         else:
             torch.mul(self._diff, -k, out=self._guide_grad)
             c, m = self.friction, self.mass
             underdamped_step_(z, self._momentum, grad, step_size, c, m, t, self._noise)
             underdamped_step_(self._guide, self._guide_momentum, self._guide_grad, step_size,
-                              c, m, t, self._guide_noise, generator=gen)
+                              c, m, t, self._guide_noise.next(), draw_noise=False)
 
     def record_stats(self) -> None:
         distance = torch.linalg.vector_norm(self._z - self._guide)

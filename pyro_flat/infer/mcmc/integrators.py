@@ -43,6 +43,7 @@ def underdamped_step_(
     noise: torch.Tensor,
     noise_estimate: float = 0.0,
     generator: torch.Generator | None = None,
+    draw_noise: bool = True,
 ) -> None:
     r"""SGHMC step of Chen, Fox & Guestrin (2014), Eq. (13), Euler-discretised:
 
@@ -54,9 +55,12 @@ def underdamped_step_(
 
     with friction :math:`C`, scalar mass :math:`M` and gradient-noise estimate :math:`\hat B`.
     The stationary law is :math:`\exp(-U(\theta)/T)\,\mathcal{N}(r; 0, M T)`.
+    With ``draw_noise=False`` ``noise`` already holds the standard-normal draw to use.
     """
     momentum.mul_(1.0 - step_size * friction / mass).add_(grad, alpha=-step_size)
     variance = 2.0 * (friction - noise_estimate) * step_size * temperature
     if variance > 0:
-        momentum.add_(noise.normal_(generator=generator), alpha=math.sqrt(variance))
+        if draw_noise:
+            noise.normal_(generator=generator)
+        momentum.add_(noise, alpha=math.sqrt(variance))
     theta.add_(momentum, alpha=step_size / mass)

@@ -135,12 +135,14 @@ def test_draws_stats_and_select_draws():
         select_draws(samples, "all")
 
 
-def test_resume_continues_theta_and_guide(tmp_path):
+@pytest.mark.parametrize("friction", [None, 100.0])
+def test_resume_continues_theta_and_guide(tmp_path, friction):
     x, y = harness.linear_regression_data()
 
     def kernel():
         model = harness.BayesianLinearRegression(2, 2.0, 1.0, batch_size=64)
-        return EntropyMCMC(model, step_size=5e-5, eta=1e-2, friction=100.0, num_steps_per_sample=2)
+        return EntropyMCMC(model, step_size=5e-5, eta=1e-2, friction=friction,
+                           num_steps_per_sample=2)
 
     harness.assert_resume_continues(kernel, x, y)
 
@@ -154,3 +156,14 @@ def test_bad_eta(eta):
 def test_unstable_coupling_step_is_refused():
     with pytest.raises(ValueError, match="step_size \\* coupling / eta"):
         EntropyMCMC(harness.logistic_model, step_size=1e-2, eta=1e-3)
+
+
+def test_kernel_pickles_after_a_run():
+    # the guide's noise is drawn on a worker thread; the kernel must still pickle (spawn workers)
+    import pickle
+
+    x, y = torch.randn(50, 2), (torch.randn(50) > 0).float()
+    kernel = EntropyMCMC(harness.logistic_model, step_size=1e-3, eta=0.1)
+    pyro.infer.MCMC(kernel, num_samples=3, warmup_steps=0, disable_progbar=True).run(x, y)
+    clone = pickle.loads(pickle.dumps(kernel))
+    pyro.infer.MCMC(clone, num_samples=3, warmup_steps=0, disable_progbar=True).run(x, y)
