@@ -1,10 +1,11 @@
 """The ``pyro-flat`` command: compare the samplers on a built-in data set.
 
 ``pyro-flat compare`` trains one Bayesian MLP with each requested SG-MCMC kernel at an equal
-budget of SG steps (minibatch gradient evaluations), plus a plain SGD/MAP network of the same
+budget of minibatch gradient evaluations, plus a plain SGD/MAP network of the same
 architecture for reference, and reports test accuracy, NLL, ECE, Brier score and OOD AUROC of
-the Bayesian model average, prints one table and writes ``results.csv``, ``results.json`` and
-the draws of each MCMC method (``draws_<method>.nc``, ArviZ netCDF) into the output folder.
+the Bayesian model average and the mean sharpness of the draws, prints one table and writes
+``results.csv``, ``results.json`` and the draws of each MCMC method (``draws_<method>.nc``,
+ArviZ netCDF) into the output folder.
 
 Setup (the same for every method; see :class:`Settings`):
 
@@ -27,13 +28,18 @@ Setup (the same for every method; see :class:`Settings`):
   over the cycle), the first 80% of each cycle noiseless; the SGD reference uses the same rate
   and momentum as SGHMC, on the mean loss plus the prior's penalty (its MAP). EntropyMCMC
   uses ``lr / N`` with ``eta = 40 lr / N`` (the authors' ratio ``step / eta = 0.025``) and
-  averages the predictions of its theta and guide draws, as the authors do.
-* Budget: every method takes the same number of SG steps. The first quarter is warmup
+  averages the predictions of its theta and guide draws, as the authors do. SASGLD uses
+  ``lr / N`` with ``rho = 0.05`` and, with two gradients per step, half the steps.
+* Sharpness: the mean over the kept draws of ``L(theta + rho g/|g|) - L(theta)`` (mean loss on
+  the first 1,000 training points, ``rho = 0.05``; :func:`pyro_flat.flatness.sharpness`); for
+  the SGD reference, of its one point.
+* Budget: every method spends the same number of gradient evaluations (SG steps, halved for
+  SASGLD). The first quarter is warmup
   (discarded); the rest yields the kept draws, evenly spaced for SGLD and SGHMC (thinning) and
   at the end of each cosine cycle for cyclical SGLD (4 cycles in the quick mode, of which the
   first is warmup). Predictions are the Bayesian model average over the kept draws. The
-  ``grad evals`` column is the SG steps each method took (``kernel.num_steps`` for the
-  kernels), one minibatch gradient each; the kernels' one extra evaluation at the end, which
+  ``grad evals`` column is the minibatch gradients each method took (``kernel.num_steps``
+  for the kernels, twice that for SASGLD); the kernels' one extra evaluation at the end, which
   fills in the last draw's ``lp`` statistic, is not counted. ``wall time`` covers building,
   sampling (or training) and predicting.
 * torch runs on one CPU thread by default (``--threads``): the small networks gain nothing
@@ -52,6 +58,7 @@ Measured with ``time ./dev pyro-flat compare`` (quick mode, MNIST-1D, seed 0) on
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import json
 import math
@@ -70,13 +77,21 @@ import torch
 __all__ = ["main"]
 
 #: The MCMC methods ``compare`` runs, by name, and the kernel each one uses.
-IMPLEMENTED = {"sgld": "SGLD", "sghmc": "SGHMC", "csgld": "CyclicalSGLD", "entropy": "EntropyMCMC"}
+IMPLEMENTED = {"sgld": "SGLD", "sghmc": "SGHMC", "csgld": "CyclicalSGLD", "entropy": "EntropyMCMC",
+               "sasgld": "SASGLD"}
+#: Gradient evaluations per SG step, where not one: such methods take fewer steps, so that every
+#: method spends the same number of gradient evaluations.
+GRADS_PER_STEP = {"sasgld": 2}
+#: The radius of the sharpness-aware ascent step (SASGLD) and of the measured sharpness.
+RHO = 0.05
+#: Training points on which the sharpness of the draws is measured (the first ones).
+SHARPNESS_POINTS = 1000
 #: EntropyMCMC's step_size / eta, the authors' CIFAR-10 ratio (lr 0.5 over 50,000, eta 4e-4).
 ENTROPY_STEP_OVER_ETA = 0.025
 #: Other spellings accepted by ``--methods``.
 ALIASES = {"cyclical-sgld": "csgld", "cyclicalsgld": "csgld", "cyclical_sgld": "csgld"}
 #: Methods of the mission that do not exist yet: requesting one is an error, never a fake row.
-PLANNED = ("contour", "sasgld", "l2e", "svi", "sa-elbo", "hwa", "swag", "ensembles")
+PLANNED = ("contour", "l2e", "svi", "sa-elbo", "hwa", "swag", "ensembles")
 #: The reference that every comparison includes.
 BASELINE = "sgd"
 DATASETS = ("mnist1d", "digits")
@@ -84,7 +99,7 @@ MODELS = ("mlp",)
 #: Files ``compare`` writes; an existing output folder holding only these may be replaced.
 RESULT_FILES = ("results.csv", "results.json")
 DRAWS_PATTERN = "draws_{}.nc"
-METRICS = ("accuracy", "nll", "ece", "brier", "ood_auroc")
+METRICS = ("accuracy", "nll", "ece", "brier", "ood_auroc", "sharpness")
 COLUMNS = ("method", *METRICS, "grad_evals", "draws", "wall_time_s", "status")
 
 
@@ -474,13 +489,21 @@ def _evaluate(probs_test: torch.Tensor, probs_ood: torch.Tensor, y: torch.Tensor
     }
 
 
+def _sharpness(net: torch.nn.Module, draws: dict, data: Any) -> float:
+    """Mean sharpness (seed 003) of the draws on the first training points."""
+    from pyro_flat.flatness import sharpness
+
+    x, y = data.x_train[:SHARPNESS_POINTS], data.y_train[:SHARPNESS_POINTS]
+    return float(sharpness(net, draws, x, y, rho=RHO).mean())
+
+
 def run_mcmc(method: str, data: Any, settings: Settings, plan: Plan, seed: int) -> tuple:
     """One MCMC method: ``(row, InferenceData)``."""
     import pyro
     from pyro.infer import MCMC
 
     from pyro_flat import to_arviz
-    from pyro_flat.infer import SGHMC, SGLD, CyclicalSGLD, EntropyMCMC
+    from pyro_flat.infer import SASGLD, SGHMC, SGLD, CyclicalSGLD, EntropyMCMC
     from pyro_flat.infer.mcmc.entropy import select_draws
     from pyro_flat.nn import make_bayesian
     from pyro_flat.predictive import bma_probs
@@ -514,6 +537,10 @@ def run_mcmc(method: str, data: Any, settings: Settings, plan: Plan, seed: int) 
         kernel = EntropyMCMC(model, step_size=lr / n, eta=lr / n / ENTROPY_STEP_OVER_ETA,
                              num_steps_per_sample=plan.thin, temperature=t)
         num_samples, warmup = plan.num_draws, plan.warmup_draws
+    elif method == "sasgld":  # two gradients per step: half the steps of SGLD
+        kernel = SASGLD(model, step_size=lr / n, rho=RHO, temperature=t,
+                        num_steps_per_sample=max(plan.thin // GRADS_PER_STEP[method], 1))
+        num_samples, warmup = plan.num_draws, plan.warmup_draws
     else:  # pragma: no cover - guarded by the parser
         raise ValueError(f"unknown method {method!r}")
     mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup, disable_progbar=True)
@@ -524,7 +551,9 @@ def run_mcmc(method: str, data: Any, settings: Settings, plan: Plan, seed: int) 
     net.eval()
     row = _evaluate(bma_probs(net, samples, data.x_test), bma_probs(net, samples, data.x_ood),
                     data.y_test)
-    row.update(grad_evals=kernel.num_steps, draws=len(next(iter(samples.values()))),
+    row["sharpness"] = _sharpness(net, samples, data)
+    row.update(grad_evals=kernel.num_steps * GRADS_PER_STEP.get(method, 1),
+               draws=len(next(iter(samples.values()))),
                wall_time_s=time.perf_counter() - start)
     return row, to_arviz(mcmc)
 
@@ -565,6 +594,11 @@ def run_sgd(data: Any, settings: Settings, steps: int, seed: int) -> dict:
         probs_test = torch.softmax(net(data.x_test), -1)
         probs_ood = torch.softmax(net(data.x_ood), -1)
     row = _evaluate(probs_test, probs_ood, data.y_test)
+    # the same sharpness as for the draws, on the MAP point as a single "draw"
+    from pyro_flat.nn import make_bayesian
+
+    point = {name: p.detach()[None] for name, p in net.named_parameters()}
+    row["sharpness"] = _sharpness(make_bayesian(copy.deepcopy(net)), point, data)
     row.update(grad_evals=steps, draws=1, wall_time_s=time.perf_counter() - start)
     return row
 
@@ -574,8 +608,9 @@ def run_sgd(data: Any, settings: Settings, steps: int, seed: int) -> dict:
 
 def format_table(rows: Sequence[dict]) -> str:
     """A markdown table of the result rows."""
-    header = ("method", "accuracy", "NLL", "ECE", "Brier", "OOD AUROC", "grad evals", "draws",
-              "wall time (s)")
+    header = ("method", "accuracy", "NLL", "ECE", "Brier", "OOD AUROC", "sharpness",
+              "grad evals", "draws", "wall time (s)")
+
     def number(value: Any, spec: str) -> str:
         return "-" if value is None or value != value else format(value, spec)
 
