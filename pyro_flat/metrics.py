@@ -31,7 +31,9 @@ __all__ = [
     "accuracy",
     "brier",
     "ece",
+    "mutual_information",
     "nll",
+    "ood_aupr",
     "ood_auroc",
     "predictive_entropy",
 ]
@@ -114,28 +116,56 @@ def nll(probs: torch.Tensor, y: torch.Tensor) -> float:
     return float(-p_true.clamp_min(NLL_EPSILON).log().mean())
 
 
-def ece(probs: torch.Tensor, y: torch.Tensor, num_bins: int = 15) -> float:
-    r"""Expected calibration error with ``num_bins`` equal-width confidence bins.
+def ece(probs: torch.Tensor, y: torch.Tensor, num_bins: int = 15, binning: str = "width") -> float:
+    r"""Expected calibration error over ``num_bins`` confidence bins.
 
-    The confidence of an example is its largest probability; bin ``m = 1..M`` holds the examples
-    with confidence in :math:`((m-1)/M, m/M]` (confidence 0 goes to the first bin), and
+    The confidence of an example is its largest probability, and
 
     .. math:: \mathrm{ECE} = \sum_m \frac{|B_m|}{n}\,
         \big|\mathrm{acc}(B_m) - \mathrm{conf}(B_m)\big|
 
     (Naeini et al. 2015; Guo et al. 2017), empty bins contributing nothing.
+
+    Parameters
+    ----------
+    probs, y : torch.Tensor
+        ``(num_data, num_classes)`` probabilities and ``(num_data,)`` labels.
+    num_bins : int
+        ``M >= 1``.
+    binning : {"width", "mass"}
+        ``"width"``: bin ``m = 1..M`` holds the confidences in :math:`((m-1)/M, m/M]`
+        (confidence 0 goes to the first bin). ``"mass"``: equal-mass (adaptive) bins, the
+        variant the Entropy-MCMC authors report: the examples sorted by confidence (ties in
+        input order) are cut into ``M`` consecutive groups whose sizes differ by at most one
+        (the first ``n mod M`` groups one larger), as ``torch.tensor_split`` cuts them.
+
+    Examples
+    --------
+    >>> p = torch.tensor([[0.9, 0.1], [0.8, 0.2], [0.6, 0.4], [0.55, 0.45]])
+    >>> y = torch.tensor([0, 1, 0, 0])
+    >>> round(ece(p, y, num_bins=2, binning="mass"), 6)  # (|2 - 1.15| + |1 - 1.7|) / 4
+    0.3875
     """
     num_bins = validation.integer_at_least("num_bins", num_bins, 1)
+    if binning not in ("width", "mass"):
+        raise ValueError(f"binning must be 'width' or 'mass', got {binning!r}")
     p, y = _probs_and_labels(probs, y)
     conf, pred = p.max(-1)
     correct = (pred == y).double()
-    # bucketize(right=False) puts x in bin i with edges[i-1] < x <= edges[i]: (lo, hi] bins.
-    inner_edges = torch.arange(1, num_bins, dtype=torch.float64) / num_bins
-    bins = torch.bucketize(conf, inner_edges, right=False)
+    n = conf.shape[0]
+    if binning == "width":
+        # bucketize(right=False) puts x in bin i with edges[i-1] < x <= edges[i]: (lo, hi] bins.
+        inner_edges = torch.arange(1, num_bins, dtype=torch.float64) / num_bins
+        bins = torch.bucketize(conf, inner_edges, right=False)
+    else:
+        order = torch.argsort(conf, stable=True)
+        bins = torch.empty(n, dtype=torch.long)
+        for m, members in enumerate(torch.tensor_split(order, num_bins)):
+            bins[members] = m
     sum_conf = torch.zeros(num_bins, dtype=torch.float64).index_add_(0, bins, conf)
     sum_correct = torch.zeros(num_bins, dtype=torch.float64).index_add_(0, bins, correct)
     # sum_m |B_m|/n * |acc_m - conf_m| = sum_m |sum_correct_m - sum_conf_m| / n
-    return float((sum_correct - sum_conf).abs().sum() / conf.shape[0])
+    return float((sum_correct - sum_conf).abs().sum() / n)
 
 
 def brier(probs: torch.Tensor, y: torch.Tensor) -> float:
@@ -162,6 +192,45 @@ def predictive_entropy(probs: torch.Tensor, *, reduction: str = "mean") -> float
     # 0 log 0 = 0: the clamp only changes terms whose factor p is (numerically) zero.
     h = -(p * p.clamp_min(NLL_EPSILON).log()).sum(-1)
     return float(h.mean()) if reduction == "mean" else h
+
+
+def mutual_information(
+    draw_probs: torch.Tensor, *, reduction: str = "mean"
+) -> float | torch.Tensor:
+    r"""Mutual information between the label and the parameters: the epistemic uncertainty.
+
+    With per-draw predictive probabilities :math:`p^{(s)}_{ic}` and their average
+    :math:`\bar p_{ic}`, :math:`I_i = H[\bar p_i] - \frac1S \sum_s H[p^{(s)}_i]` (nats):
+    the total predictive entropy minus its expected (aleatoric) part (Houlsby et al. 2011,
+    "BALD"; Depeweg et al. 2018). It is 0 when all draws agree.
+
+    Parameters
+    ----------
+    draw_probs : torch.Tensor
+        ``(num_draws, num_data, num_classes)`` probabilities of each draw.
+    reduction : {"mean", "none"}
+        The mean over examples as a float, or the ``(num_data,)`` float64 tensor.
+
+    Examples
+    --------
+    >>> agree = torch.tensor([[[0.5, 0.5]], [[0.5, 0.5]]])
+    >>> disagree = torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]]])
+    >>> mutual_information(agree), round(mutual_information(disagree), 4)  # 0 and log 2
+    (0.0, 0.6931)
+    """
+    if reduction not in ("mean", "none"):
+        raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
+    if not torch.is_tensor(draw_probs) or draw_probs.dim() != 3:
+        shape = tuple(draw_probs.shape) if torch.is_tensor(draw_probs) else type(draw_probs)
+        raise ValueError("draw_probs must be a (num_draws, num_data, num_classes) tensor, got "
+                         f"{shape}")
+    s, n, c = draw_probs.shape
+    p = _as_probs(draw_probs.reshape(s * n, c), "draw_probs").reshape(s, n, c)
+    h_each = -(p * p.clamp_min(NLL_EPSILON).log()).sum(-1)
+    mean = p.mean(0)
+    h_mean = -(mean * mean.clamp_min(NLL_EPSILON).log()).sum(-1)
+    mi = (h_mean - h_each.mean(0)).clamp_min(0.0)  # >= 0 by concavity, up to rounding
+    return float(mi.mean()) if reduction == "mean" else mi
 
 
 def _as_scores(scores: torch.Tensor, name: str) -> torch.Tensor:
@@ -209,3 +278,42 @@ def ood_auroc(scores_in: torch.Tensor, scores_out: torch.Tensor) -> float:
     ranks = _average_ranks(torch.cat([s_in, s_out]))
     u = float(ranks[n_in:].sum()) - n_out * (n_out + 1) / 2
     return u / (n_in * n_out)
+
+
+def ood_aupr(scores_in: torch.Tensor, scores_out: torch.Tensor) -> float:
+    r"""Area under the precision-recall curve for finding OOD examples by a score.
+
+    OOD examples are the positives and higher scores mean "more out-of-distribution". The
+    area is the average precision :math:`\sum_k (R_k - R_{k-1}) P_k` over the distinct score
+    thresholds in decreasing order (precision :math:`P_k` and recall :math:`R_k` of "score
+    :math:`\ge` threshold k"), the step-wise sum that scikit-learn's
+    ``average_precision_score`` computes, without interpolation. Chance level is the share of
+    positives, :math:`n_\text{out} / (n_\text{in} + n_\text{out})`.
+
+    Parameters
+    ----------
+    scores_in : torch.Tensor
+        ``(n_in,)`` scores of in-distribution examples (the negatives).
+    scores_out : torch.Tensor
+        ``(n_out,)`` scores of out-of-distribution examples (the positives).
+
+    Examples
+    --------
+    >>> ood_aupr(torch.tensor([0.1, 0.4]), torch.tensor([0.35, 0.8]))  # P = 1, 2/3 at R = .5, 1
+    0.8333333333333333
+    """
+    s_in = _as_scores(scores_in, "scores_in")
+    s_out = _as_scores(scores_out, "scores_out")
+    scores = torch.cat([s_out, s_in])
+    positive = torch.cat([torch.ones_like(s_out), torch.zeros_like(s_in)])
+    order = torch.argsort(scores, descending=True, stable=True)
+    scores, positive = scores[order], positive[order]
+    # the last index of each run of tied scores is where a threshold takes them all in
+    last = torch.ones_like(scores, dtype=torch.bool)
+    last[:-1] = scores[1:] != scores[:-1]
+    tp = positive.cumsum(0)[last]
+    taken = torch.arange(1, len(scores) + 1, dtype=torch.float64)[last]
+    precision = tp / taken
+    recall = tp / s_out.shape[0]
+    recall_steps = torch.diff(recall, prepend=recall.new_zeros(1))
+    return float((recall_steps * precision).sum())

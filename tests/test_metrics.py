@@ -234,3 +234,75 @@ def test_invalid_entropy_arguments():
 def test_invalid_ood_scores(s_in, s_out, match):
     with pytest.raises(ValueError, match=match):
         metrics.ood_auroc(s_in, s_out)
+
+
+# ------------------------------------------------------- AUPR, equal-mass ECE, mutual information
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ood_aupr_matches_sklearn_with_ties(seed):
+    from sklearn.metrics import average_precision_score
+
+    g = torch.Generator().manual_seed(seed)
+    s_in = torch.randint(0, 6, (150,), generator=g).double()
+    s_out = torch.randint(2, 8, (90,), generator=g).double()
+    labels = np.r_[np.zeros(150), np.ones(90)]
+    expected = average_precision_score(labels, np.r_[s_in.numpy(), s_out.numpy()])
+    assert metrics.ood_aupr(s_in, s_out) == pytest.approx(expected, abs=1e-6)
+    g = torch.Generator().manual_seed(10 + seed)
+    s_in, s_out = torch.randn(300, generator=g), torch.randn(200, generator=g) + 0.7
+    labels = np.r_[np.zeros(300), np.ones(200)]
+    expected = average_precision_score(labels, np.r_[s_in.numpy(), s_out.numpy()])
+    assert metrics.ood_aupr(s_in, s_out) == pytest.approx(expected, abs=1e-6)
+
+
+def test_ood_aupr_extremes():
+    assert metrics.ood_aupr(torch.tensor([0.0, 1.0]), torch.tensor([2.0, 3.0])) == 1.0
+    # all scores tied: one threshold, precision = share of positives
+    assert metrics.ood_aupr(torch.zeros(3), torch.zeros(1)) == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="scores_out"):
+        metrics.ood_aupr(torch.zeros(3), torch.tensor([float("nan")]))
+
+
+def ece_mass_reference(probs, y, num_bins):
+    """Equal-mass ECE by a loop: sorted confidences cut into near-equal consecutive groups."""
+    p, y = probs.double().numpy(), y.numpy()
+    conf, pred = p.max(1), p.argmax(1)
+    order = np.argsort(conf, kind="stable")
+    total = 0.0
+    for members in np.array_split(order, num_bins):
+        if len(members):
+            acc = (pred[members] == y[members]).mean()
+            total += len(members) / len(conf) * abs(acc - conf[members].mean())
+    return total
+
+
+@pytest.mark.parametrize("num_bins", [1, 7, 15, 199, 250])
+def test_ece_equal_mass_matches_loop_reference(num_bins):
+    probs, y = random_probs(n=199, seed=num_bins)
+    expected = ece_mass_reference(probs, y, num_bins)
+    assert metrics.ece(probs, y, num_bins, binning="mass") == pytest.approx(expected, abs=1e-12)
+
+
+def test_ece_binning_must_be_known():
+    probs, y = random_probs()
+    with pytest.raises(ValueError, match="binning must be 'width' or 'mass'"):
+        metrics.ece(probs, y, binning="quantile")
+
+
+def test_mutual_information_by_hand_and_bounds():
+    g = torch.Generator().manual_seed(3)
+    draws = torch.softmax(2 * torch.randn(6, 40, 4, generator=g, dtype=torch.float64), -1)
+    mi = metrics.mutual_information(draws, reduction="none")
+    # by hand: entropy of the mean minus mean entropy, per example
+    mean = draws.mean(0)
+    expected = -(mean * mean.log()).sum(-1) + (draws * draws.log()).sum(-1).mean(0)
+    assert torch.allclose(mi, expected, atol=1e-12)
+    # 0 <= I <= total predictive entropy; identical draws give 0
+    total = metrics.predictive_entropy(mean, reduction="none")
+    assert torch.all(mi >= 0) and torch.all(mi <= total)
+    assert metrics.mutual_information(draws[:1].expand(5, -1, -1)) == pytest.approx(0, abs=1e-12)
+    with pytest.raises(ValueError, match="num_draws, num_data, num_classes"):
+        metrics.mutual_information(mean)
+    with pytest.raises(ValueError, match="reduction"):
+        metrics.mutual_information(draws, reduction="sum")
