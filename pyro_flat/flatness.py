@@ -7,13 +7,19 @@ loss after one normalised ascent step of length :math:`\rho`,
     \qquad g = \nabla L(\theta),
 
 with :math:`L` the mean negative log-likelihood over the data and the norm taken over all
-parameters together; the paper reports its mean over posterior draws. Every function here works
-on copies of the draws and never changes the network or the draws it is given.
+parameters together; the paper reports its mean over posterior draws. Besides it: the largest
+Hessian eigenvalue (:func:`hessian_top_eigenvalue`, power iteration on Hessian-vector products)
+and one-dimensional slices of the loss landscape, along a (filter-normalised) random direction
+(:func:`loss_along_direction`) or along the segment between two parameter sets, e.g.
+:math:`\theta` and :math:`\theta_a` of Entropy-MCMC (:func:`loss_along_segment`). The last
+three take a loss function of a ``{site: tensor}`` dict, such as :func:`mean_loss` of a network.
+Every function here works on copies of the draws and never changes the network or the draws it
+is given.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import pyro.poutine as poutine
 import torch
@@ -100,3 +106,163 @@ def _sampled_sites(net: Callable, x: torch.Tensor) -> list[str]:
     with torch.no_grad():
         trace = poutine.trace(net).get_trace(x)
     return [n for n, s in trace.nodes.items() if s["type"] == "sample" and not s["is_observed"]]
+
+
+Params = Mapping[str, torch.Tensor]
+
+
+def mean_loss(
+    net: Callable, x: torch.Tensor, y: torch.Tensor, task: str = "classification"
+) -> Callable[[Params], torch.Tensor]:
+    """The mean negative log-likelihood of ``net`` on ``(x, y)`` as a function of its sites.
+
+    ``mean_loss(net, x, y)(params)`` runs ``net(x)`` with its sampled sites set to ``params``
+    (cross-entropy of logits, or half the squared error for ``task="regression"``), the loss
+    :func:`sharpness` measures.
+    """
+    if task not in ("classification", "regression"):
+        raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
+    return lambda params: _mean_nll(net, params, x, y, task)
+
+
+def _leaves(params: Params) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone().requires_grad_() for k, v in params.items()}
+
+
+def hessian_top_eigenvalue(
+    loss_fn: Callable[[Params], torch.Tensor],
+    params: Params,
+    *,
+    num_iters: int = 100,
+    tol: float = 1e-6,
+    generator: torch.Generator | None = None,
+) -> tuple[float, dict[str, torch.Tensor]]:
+    r"""The eigenvalue of largest magnitude of the Hessian of ``loss_fn`` at ``params``.
+
+    Power iteration :math:`v \leftarrow Hv / \|Hv\|` on Hessian-vector products (double
+    backward, never forming :math:`H`), from a random unit vector, until the Rayleigh quotient
+    :math:`\lambda = v^\top H v` changes by less than ``tol`` relative to
+    :math:`|\lambda|`, or after ``num_iters`` products. At a minimum the Hessian is positive
+    semi-definite and this is the largest eigenvalue, the usual measure of sharpness
+    (Keskar et al. 2017); elsewhere it may be a negative one. Convergence is geometric in the
+    ratio of the two largest eigenvalue magnitudes.
+
+    Returns
+    -------
+    (float, dict)
+        :math:`\lambda` and the unit eigenvector, shaped like ``params``.
+
+    Examples
+    --------
+    >>> a = torch.tensor([[3.0, 1.0], [1.0, 2.0]], dtype=torch.float64)
+    >>> lam, _ = hessian_top_eigenvalue(lambda p: p["w"] @ a @ p["w"] / 2,
+    ...                                 {"w": torch.ones(2, dtype=torch.float64)})
+    >>> round(lam, 5), round(float(torch.linalg.eigvalsh(a)[-1]), 5)
+    (3.61803, 3.61803)
+    """
+    num_iters = validation.integer_at_least("num_iters", num_iters, 1)
+    tol = validation.positive("tol", tol)
+    leaves = _leaves(params)
+    with torch.enable_grad():
+        loss = loss_fn(leaves)
+        grads = torch.autograd.grad(loss, list(leaves.values()), create_graph=True)
+    v = [torch.randn(p.shape, dtype=p.dtype, generator=generator).to(p.device)
+         for p in leaves.values()]
+    norm = torch.sqrt(sum(t.square().sum() for t in v))
+    v = [t / norm for t in v]
+    lam = None
+    for _ in range(num_iters):
+        hv = torch.autograd.grad(grads, list(leaves.values()), grad_outputs=v,
+                                 retain_graph=True, allow_unused=True)
+        hv = [torch.zeros_like(t) if h is None else h.detach() for h, t in zip(hv, v, strict=True)]
+        new = float(sum((a * b).sum() for a, b in zip(v, hv, strict=True)))
+        norm = torch.sqrt(sum(t.square().sum() for t in hv))
+        if float(norm) == 0.0:
+            return 0.0, dict(zip(leaves, v, strict=True))
+        v = [t / norm for t in hv]
+        converged = lam is not None and abs(new - lam) <= tol * max(abs(new), 1e-30)
+        lam = new
+        if converged:
+            break
+    return lam, dict(zip(leaves, [t.detach() for t in v], strict=True))
+
+
+def random_direction(
+    params: Params, *, filter_normalize: bool = True, generator: torch.Generator | None = None
+) -> dict[str, torch.Tensor]:
+    """A Gaussian random direction shaped like ``params``.
+
+    With ``filter_normalize`` (Li et al. 2018, "Visualizing the loss landscape of neural
+    nets"), each filter (a slice along the first dimension of a weight of two or more
+    dimensions) is rescaled to the norm of the same filter of ``params``, and one-dimensional
+    sites (biases) get no direction, so slices of networks of different scale compare.
+    """
+    out = {}
+    for name, p in params.items():
+        d = torch.randn(p.shape, dtype=p.dtype, generator=generator).to(p.device)
+        if filter_normalize:
+            if p.dim() <= 1:
+                d = torch.zeros_like(d)
+            else:
+                dims = tuple(range(1, p.dim()))
+                d = d * (p.detach().norm(dim=dims, keepdim=True)
+                         / d.norm(dim=dims, keepdim=True).clamp_min(1e-12))
+        out[name] = d
+    return out
+
+
+def loss_along_direction(
+    loss_fn: Callable[[Params], torch.Tensor],
+    params: Params,
+    direction: Params | None = None,
+    alphas: Sequence[float] | torch.Tensor = tuple(i / 10 for i in range(-10, 11)),
+    *,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""The loss :math:`L(\theta + \alpha d)` on a grid of :math:`\alpha`.
+
+    ``direction`` defaults to a filter-normalised :func:`random_direction`.
+
+    Returns
+    -------
+    (torch.Tensor, torch.Tensor)
+        The ``alphas`` and the losses, float64.
+    """
+    if direction is None:
+        direction = random_direction(params, generator=generator)
+    missing = set(params) - set(direction)
+    if missing:
+        raise ValueError(f"direction lacks the sites {sorted(missing)}")
+    alphas = torch.as_tensor(alphas, dtype=torch.float64)
+    losses = []
+    with torch.no_grad():
+        for a in alphas.tolist():
+            moved = {k: p.detach() + a * direction[k] for k, p in params.items()}
+            losses.append(float(loss_fn(moved)))
+    return alphas, torch.tensor(losses, dtype=torch.float64)
+
+
+def loss_along_segment(
+    loss_fn: Callable[[Params], torch.Tensor],
+    start: Params,
+    end: Params,
+    num_points: int = 21,
+    *,
+    extend: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""The loss along the line through ``start`` (:math:`\alpha = 0`) and ``end`` (1).
+
+    Evaluates :math:`L((1 - \alpha)\,\theta_0 + \alpha\,\theta_1)` at ``num_points``
+    evenly spaced :math:`\alpha \in [-\text{extend}, 1 + \text{extend}]`: a barrier between two
+    draws shows as a bump, a flat basin as a flat profile (e.g. :math:`\theta` and
+    :math:`\theta_a` of one Entropy-MCMC draw; see
+    :func:`pyro_flat.infer.mcmc.entropy.select_draws`).
+    """
+    num_points = validation.integer_at_least("num_points", num_points, 2)
+    extend = validation.nonnegative("extend", extend)
+    if set(start) != set(end):
+        raise ValueError(f"start and end must have the same sites, got {sorted(start)} and "
+                         f"{sorted(end)}")
+    alphas = torch.linspace(-extend, 1 + extend, num_points, dtype=torch.float64)
+    direction = {k: end[k].detach() - start[k].detach() for k in start}
+    return loss_along_direction(loss_fn, start, direction, alphas)

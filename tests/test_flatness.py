@@ -39,3 +39,81 @@ def test_bad_input():
         sharpness(net, draws, x, y, rho=0.0)
     with pytest.raises(ValueError, match="lack the network's sites"):
         sharpness(net, {"weight": draws["weight"]}, x, y)
+
+
+# ------------------------------------------------ Hessian eigenvalue and loss-landscape slices
+
+
+def quadratic_with_spectrum(eigenvalues, seed=0):
+    """L(w) = w^T A w / 2 with A = Q diag(eigenvalues) Q^T, Q a random rotation."""
+    g = torch.Generator().manual_seed(seed)
+    q, _ = torch.linalg.qr(torch.randn(len(eigenvalues), len(eigenvalues), generator=g,
+                                       dtype=torch.float64))
+    a = q @ torch.diag(torch.tensor(eigenvalues, dtype=torch.float64)) @ q.T
+    return (lambda p: p["w"] @ a @ p["w"] / 2), q
+
+
+def test_top_eigenvalue_of_a_quadratic_with_known_spectrum():
+    from pyro_flat.flatness import hessian_top_eigenvalue
+
+    spectrum = [5.0, 2.5, 1.0, 0.5, 0.1, 0.0]
+    loss, q = quadratic_with_spectrum(spectrum)
+    w = {"w": torch.randn(6, dtype=torch.float64)}
+    before = w["w"].clone()
+    lam, v = hessian_top_eigenvalue(loss, w, num_iters=500, tol=1e-12,
+                                    generator=torch.Generator().manual_seed(1))
+    assert lam == pytest.approx(5.0, rel=1e-8)
+    # the eigenvector is the first column of Q, up to sign
+    assert abs(float(v["w"] @ q[:, 0])) == pytest.approx(1.0, abs=1e-6)
+    assert torch.equal(w["w"], before) and not w["w"].requires_grad  # inputs untouched
+
+
+def test_top_eigenvalue_of_a_network_matches_the_dense_hessian():
+    from pyro_flat.flatness import hessian_top_eigenvalue, mean_loss
+
+    torch.manual_seed(0)
+    net = make_bayesian(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(),
+                                            torch.nn.Linear(4, 2)).double())
+    x, y = torch.randn(30, 3, dtype=torch.float64), torch.randint(0, 2, (30,))
+    draw = {k: 0.5 * torch.randn(v.shape, dtype=torch.float64) for k, v in
+            [("0.weight", torch.empty(4, 3)), ("0.bias", torch.empty(4)),
+             ("2.weight", torch.empty(2, 4)), ("2.bias", torch.empty(2))]}
+    loss = mean_loss(net, x, y)
+    names = list(draw)
+    shapes = [draw[k].shape for k in names]
+    flat = torch.cat([draw[k].flatten() for k in names])
+
+    def flat_loss(z):
+        parts = torch.split(z, [s.numel() for s in shapes])
+        return loss({k: p.reshape(s) for k, p, s in zip(names, parts, shapes, strict=True)})
+
+    eig = torch.linalg.eigvalsh(torch.autograd.functional.hessian(flat_loss, flat))
+    largest = eig[eig.abs().argmax()]
+    lam, _ = hessian_top_eigenvalue(loss, draw, num_iters=2000, tol=1e-13,
+                                    generator=torch.Generator().manual_seed(0))
+    assert lam == pytest.approx(float(largest), rel=1e-5)
+
+
+def test_slices_along_a_direction_and_a_segment():
+    from pyro_flat.flatness import loss_along_direction, loss_along_segment, random_direction
+
+    loss, _ = quadratic_with_spectrum([4.0, 1.0])
+    w = {"w": torch.tensor([1.0, -2.0], dtype=torch.float64)}
+    d = {"w": torch.tensor([0.5, 0.25], dtype=torch.float64)}
+    alphas, losses = loss_along_direction(loss, w, d, [-1.0, 0.0, 2.0])
+    for a, value in zip(alphas.tolist(), losses.tolist(), strict=True):
+        assert value == pytest.approx(float(loss({"w": w["w"] + a * d["w"]})), abs=1e-12)
+    end = {"w": torch.tensor([3.0, 0.0], dtype=torch.float64)}
+    alphas, losses = loss_along_segment(loss, w, end, num_points=5, extend=0.5)
+    assert torch.allclose(alphas, torch.linspace(-0.5, 1.5, 5, dtype=torch.float64))
+    assert losses[1] == pytest.approx(float(loss(w))) and losses[3] == pytest.approx(
+        float(loss(end)))
+    # filter normalisation: each row of a matrix gets the norm of the parameter's row
+    p = {"weight": torch.randn(3, 5, dtype=torch.float64), "bias": torch.randn(3)}
+    r = random_direction(p, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(r["weight"].norm(dim=1), p["weight"].norm(dim=1))
+    assert torch.equal(r["bias"], torch.zeros(3))
+    with pytest.raises(ValueError, match="same sites"):
+        loss_along_segment(loss, w, {"v": end["w"]})
+    with pytest.raises(ValueError, match="num_points"):
+        loss_along_segment(loss, w, end, num_points=1)
