@@ -12,7 +12,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyro.poutine as poutine
 import torch
+from pyro.poutine.messenger import Messenger
+from pyro.poutine.subsample_messenger import _Subsample
 
 from pyro_flat import validation
 
@@ -29,6 +32,9 @@ def to_arviz(
     thin: int = 1,
     coords: Mapping[str, Any] | None = None,
     dims: Mapping[str, Sequence[str]] | None = None,
+    log_likelihood: bool = False,
+    posterior_predictive: bool = False,
+    observed_data: bool = False,
 ) -> Any:
     """Convert a finished :class:`pyro.infer.MCMC` run to ArviZ.
 
@@ -39,6 +45,15 @@ def to_arviz(
     * ``sample_stats``: the per-draw statistics of pyro_flat kernels (``lp``, ``step_size``,
       ``grad_norm``, ``diverging`` and any kernel-specific ones such as ``log_weight``), dims
       ``(chain, draw)``. Kernels that record none (e.g. Pyro's ``NUTS``) give a posterior only.
+    * on request, ``log_likelihood`` (per observation, e.g. for ``az.loo``),
+      ``posterior_predictive`` (one replicate of each observed site per draw) and
+      ``observed_data``: the model (``mcmc.kernel.model``) is run once per exported draw on the
+      arguments of ``mcmc.run`` with every subsampled plate given its full index set, so that
+      a model written with ``pyro.plate(..., subsample_size=B)`` (where ArviZ's own
+      ``from_pyro`` drops the log-likelihood) gives one value per data point. Each observed
+      site becomes a variable with dims ``(chain, draw, *batch_shape)``; the values are the
+      site's ``log_prob`` without the plate's ``N/B`` scale. The full-data forward pass runs
+      once per draw, so memory is one draw's worth; time grows with draws times data.
 
     Each group carries the attributes ``inference_library="pyro"``,
     ``inference_library_version``, ``pyro_flat_kernel`` (the class name of ``mcmc.kernel``)
@@ -63,6 +78,8 @@ def to_arviz(
     dims : dict, optional
         Dimension names (without ``chain`` and ``draw``) by site, passed to
         :func:`arviz.from_dict`.
+    log_likelihood, posterior_predictive, observed_data : bool
+        Add these groups (see above); they need a kernel built from a ``model``.
 
     Returns
     -------
@@ -112,9 +129,119 @@ def to_arviz(
     if stats:
         groups["sample_stats"] = {name: value[:, ::thin] for name, value in stats.items()}
 
+    if log_likelihood or posterior_predictive or observed_data:
+        all_samples = mcmc.get_samples(group_by_chain=True)
+        replay = _replay_observed(mcmc, all_samples, thin, posterior_predictive)
+        if log_likelihood:
+            groups["log_likelihood"] = replay["log_likelihood"]
+        if posterior_predictive:
+            groups["posterior_predictive"] = replay["posterior_predictive"]
+        if observed_data:
+            groups["observed_data"] = replay["observed_data"]
+
     coords = dict(coords or {})
     coords.setdefault("draw", np.arange(0, num_draws, thin))
     return _from_dict(groups, attrs=_attrs(mcmc), coords=coords, dims=dims)
+
+
+class _InjectSubsample(Messenger):
+    """Give every subsampled plate of full size ``size`` the indices ``batch``."""
+
+    def __init__(self, size: int, batch: torch.Tensor):
+        super().__init__()
+        self.size, self.batch = size, batch
+
+    def _pyro_sample(self, msg: dict) -> None:
+        if (type(msg["fn"]) is _Subsample and msg["fn"].size == self.size
+                and msg["value"] is None):
+            msg["value"] = self.batch
+
+
+def _chunks(model: Any, args: tuple, kwargs: dict, draw: dict) -> list[tuple]:
+    """How to cover all the data: ``[(injector or None, plate name, keep from)]``.
+
+    A model without subsampling runs once. A model with a subsampled plate (full size ``N``,
+    batches of ``B``) runs on consecutive index batches; the last batch is ``[N - B, N)`` of
+    which only the indices not seen before are kept (the plate's batch size is fixed).
+    """
+    with torch.no_grad():
+        trace = poutine.trace(poutine.condition(model, data=draw)).get_trace(*args, **kwargs)
+    plates = {(n, s["fn"].size, s["fn"].subsample_size) for n, s in trace.nodes.items()
+              if s["type"] == "sample" and type(s["fn"]) is _Subsample
+              and s["fn"].subsample_size < s["fn"].size}
+    if not plates:
+        return [(None, None, 0)]
+    if len({(size, b) for _, size, b in plates}) > 1:
+        raise ValueError(f"log_likelihood: the model subsamples plates of different sizes "
+                         f"{sorted(plates)}; only one data plate is supported")
+    name, size, b = next(iter(plates))
+    out = [(_InjectSubsample(size, torch.arange(i, i + b)), name, 0)
+           for i in range(0, size - b + 1, b)]
+    rest = size % b
+    if rest:
+        out.append((_InjectSubsample(size, torch.arange(size - b, size)), name, b - rest))
+    return out
+
+
+def _plate_dim(site: dict, plate: str | None, value: torch.Tensor) -> int:
+    for frame in site["cond_indep_stack"]:
+        if frame.name == plate and frame.dim is not None:
+            return frame.dim
+    return -1 if value.dim() else 0
+
+
+def _replay_observed(
+    mcmc: MCMC, samples: Mapping[str, torch.Tensor], thin: int, predictive: bool
+) -> dict[str, dict[str, np.ndarray]]:
+    """Per-draw log-likelihood (and replicates) of every observed site on all the data."""
+    model = getattr(mcmc.kernel, "model", None)
+    if model is None:
+        raise ValueError("log_likelihood, posterior_predictive and observed_data need a kernel "
+                         "built from a model (not a potential_fn)")
+    args, kwargs = getattr(mcmc, "_args", ()), getattr(mcmc, "_kwargs", {})
+    num_chains, num_draws = next(iter(samples.values())).shape[:2]
+    chunks = _chunks(model, args, kwargs, {k: v[0, 0] for k, v in samples.items()})
+    results: dict[str, list] = {"log_likelihood": [], "posterior_predictive": [],
+                                "observed_data": []}
+    for c in range(num_chains):
+        per_chain: dict[str, dict[str, list]] = {k: {} for k in results}
+        for d in range(0, num_draws, thin):
+            draw = {k: v[c, d] for k, v in samples.items()}
+            parts: dict[str, dict[str, list]] = {k: {} for k in results}
+            for inject, plate, keep in chunks:
+                with torch.no_grad(), poutine.trace() as tracer:
+                    run = poutine.condition(model, data=draw)
+                    if inject is not None:
+                        run = inject(run)
+                    run(*args, **kwargs)
+                for name, site in tracer.trace.nodes.items():
+                    if (site["type"] != "sample" or not site["is_observed"]
+                            or name in draw):  # condition() marks the draw's sites observed
+                        continue
+                    value = site["value"]
+                    dim = _plate_dim(site, plate, value)
+                    values = {"log_likelihood": site["fn"].log_prob(value),
+                              "observed_data": value}
+                    if predictive:
+                        values["posterior_predictive"] = site["fn"].sample()
+                    for group, v in values.items():
+                        if inject is not None:
+                            v = v.narrow(dim, keep, v.shape[dim] - keep)
+                        parts[group].setdefault(name, []).append((v, dim))
+            for group, sites in parts.items():
+                for name, pieces in sites.items():
+                    whole = torch.cat([v for v, _ in pieces], dim=pieces[0][1]) \
+                        if len(pieces) > 1 else pieces[0][0]
+                    per_chain[group].setdefault(name, []).append(_numpy(whole))
+        for group in results:
+            results[group].append(per_chain[group])
+    first = results["log_likelihood"][0]
+    if not first:
+        raise ValueError("the model has no observed sites")
+    out = {group: {name: np.stack([np.stack(chain[name]) for chain in chains])
+                   for name in chains[0]} for group, chains in results.items()}
+    out["observed_data"] = {name: v[0, 0] for name, v in out["observed_data"].items()}
+    return out
 
 
 def _select(

@@ -234,3 +234,49 @@ def test_statistics_missing_in_one_chain_give_posterior_only():
     idata = to_arviz(mcmc)
     assert set(idata.groups()) == {"posterior"}
     assert list(idata.posterior.attrs["num_sg_steps"]) == [8, 8]
+
+
+# ---------------------------------------------- log_likelihood, posterior_predictive, observed
+
+
+def test_log_likelihood_per_observation_with_a_subsampling_plate():
+    """A PyroModule with pyro.plate(subsample_size=64): one log-likelihood per data point (400),
+    equal to the Normal log-density under each draw; az.loo and az.summary run on the result."""
+    import harness
+    from pyro.infer import MCMC
+
+    from pyro_flat.infer import SGLD
+
+    x, y = harness.linear_regression_data()
+    model = harness.BayesianLinearRegression(2, 2.0, 1.0, batch_size=64)
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(SGLD(model, step_size=2e-4, num_steps_per_sample=5), num_samples=40,
+                warmup_steps=40, num_chains=2, disable_progbar=True)
+    mcmc.run(x, y)
+    idata = to_arviz(mcmc, thin=2, log_likelihood=True, posterior_predictive=True,
+                     observed_data=True)
+    ll = idata.log_likelihood["obs"].values
+    assert ll.shape == (2, 20, 400)
+    samples = mcmc.get_samples(group_by_chain=True)
+    c, d = 1, 6  # draw index 12 of chain 1 (thin 2)
+    w, b = samples["net.weight"][c, 2 * d], samples["net.bias"][c, 2 * d]
+    expected = torch.distributions.Normal((x @ w.T).squeeze(-1) + b, 1.0).log_prob(y)
+    np.testing.assert_allclose(ll[c, d], expected.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(idata.observed_data["obs"].values, y.numpy())
+    assert idata.posterior_predictive["obs"].shape == (2, 20, 400)
+    loo = az.loo(idata)
+    assert np.isfinite(loo.elpd_loo)
+    assert set(az.summary(idata, var_names=["net.bias"]).index) == {"net.bias[0]"}
+
+
+def test_log_likelihood_needs_a_model():
+    from pyro.infer import MCMC
+
+    from pyro_flat.infer import SGLD
+
+    kernel = SGLD(potential_fn=lambda p: (p["x"] ** 2).sum(), step_size=0.1,
+                  initial_params={"x": torch.zeros(2)})
+    mcmc = MCMC(kernel, num_samples=5, warmup_steps=0, disable_progbar=True)
+    mcmc.run()
+    with pytest.raises(ValueError, match="built from a model"):
+        to_arviz(mcmc, log_likelihood=True)
