@@ -66,8 +66,8 @@ def sharpness(
     torch.Tensor
         ``(num_draws,)`` sharpness values; their mean is the paper's measure.
 
-    Example
-    -------
+    Examples
+    --------
     >>> import torch
     >>> from pyro_flat.nn import make_bayesian
     >>> net = make_bayesian(torch.nn.Linear(3, 2))

@@ -120,8 +120,8 @@ class ContourSGLD(SGMCMCKernel):
     estimates: ``reweight(values, stats["log_weight"])``. ``diagnostics()`` holds
     ``"energy_pdf"`` (the learned :math:`g`) and ``"energy_edges"`` (the ``m + 1`` bin edges).
 
-    Example
-    -------
+    Examples
+    --------
     >>> import torch
     >>> from pyro.infer import MCMC
     >>> from pyro_flat.infer.mcmc.contour import ContourSGLD, reweight

@@ -25,8 +25,8 @@ class SGLD(SGMCMCKernel):
     Langevin algorithm. An SGD learning rate ``lr`` on the mean loss over ``N`` data points is
     ``step_size = lr / N``. All arguments are those of :class:`SGMCMCKernel`.
 
-    Example
-    -------
+    Examples
+    --------
     >>> import torch, pyro, pyro.distributions as dist
     >>> from pyro.infer import MCMC
     >>> from pyro_flat.infer import SGLD

@@ -111,8 +111,8 @@ class SASGLD(SGMCMCKernel):
     **kwargs
         The arguments of :class:`~pyro_flat.infer.mcmc.base.SGMCMCKernel`.
 
-    Example
-    -------
+    Examples
+    --------
     >>> import torch, pyro, pyro.distributions as dist
     >>> from pyro.infer import MCMC
     >>> from pyro_flat.infer.mcmc.sharpness import SASGLD

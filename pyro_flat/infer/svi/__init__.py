@@ -1,0 +1,1 @@
+"""SVI tools: flat-seeking losses and averaging of variational parameters."""
