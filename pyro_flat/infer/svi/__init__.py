@@ -1,1 +1,5 @@
-"""SVI tools: flat-seeking losses and averaging of variational parameters."""
+"""SVI tools: flat-seeking losses and averaging of variational (or SGD) iterates."""
+
+from pyro_flat.infer.svi.swag import SWAG
+
+__all__ = ["SWAG"]
