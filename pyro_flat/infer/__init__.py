@@ -1,6 +1,6 @@
 """Inference for flat regions of a BNN posterior: MCMC kernels and SVI tools."""
 
 from pyro_flat.infer.mcmc import SASGLD, SGHMC, SGLD, CyclicalSGLD, EntropyMCMC, SGMCMCKernel
-from pyro_flat.infer.svi import SWAG
+from pyro_flat.infer.svi import HWA, SWAG
 
-__all__ = ["SGMCMCKernel", "SGLD", "SGHMC", "CyclicalSGLD", "EntropyMCMC", "SASGLD", "SWAG"]
+__all__ = ["SGMCMCKernel", "SGLD", "SGHMC", "CyclicalSGLD", "EntropyMCMC", "SASGLD", "HWA", "SWAG"]

@@ -1,5 +1,6 @@
 """SVI tools: flat-seeking losses and averaging of variational (or SGD) iterates."""
 
+from pyro_flat.infer.svi.hwa import HWA
 from pyro_flat.infer.svi.swag import SWAG
 
-__all__ = ["SWAG"]
+__all__ = ["HWA", "SWAG"]
