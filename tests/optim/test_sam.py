@@ -9,6 +9,16 @@ from pyro_flat.infer.svi import SWAG
 from pyro_flat.optim import SAM
 
 
+def mse_closure(opt, net, x, y):
+    """The closure SAM needs: zero the gradients, the loss on the same batch, backward."""
+    def closure():
+        opt.zero_grad()
+        loss = ((net(x) - y) ** 2).mean()
+        loss.backward()
+        return loss
+    return closure
+
+
 def quadratic(seed=0):
     """L(w) = (w - c)^T A (w - c) / 2 with a known symmetric positive-definite A."""
     g = torch.Generator().manual_seed(seed)
@@ -50,12 +60,7 @@ def test_rho_zero_is_the_base_optimiser():
     sam = SAM(nets[0].parameters(), torch.optim.SGD, rho=0.0, lr=0.1, momentum=0.9)
     sgd = torch.optim.SGD(nets[1].parameters(), lr=0.1, momentum=0.9)
     for _ in range(5):
-        def closure():
-            sam.zero_grad()
-            loss = ((nets[0](x) - y) ** 2).mean()
-            loss.backward()
-            return loss
-        sam.step(closure)
+        sam.step(mse_closure(sam, nets[0], x, y))
         sgd.zero_grad()
         ((nets[1](x) - y) ** 2).mean().backward()
         sgd.step()
@@ -70,14 +75,7 @@ def test_batchnorm_statistics_move_once_per_step():
     ref.load_state_dict(net.state_dict())
     x, y = torch.randn(16, 3), torch.randn(16, 1)
     opt = SAM(net.parameters(), rho=0.5, lr=0.1, batchnorm_modules=find_batchnorm(net))
-
-    def closure():
-        opt.zero_grad()
-        loss = ((net(x) - y) ** 2).mean()
-        loss.backward()
-        return loss
-
-    opt.step(closure)
+    opt.step(mse_closure(opt, net, x, y))
     ref(x)  # one forward pass at theta: what the running statistics should have seen
     assert torch.allclose(net[1].running_mean, ref[1].running_mean)
     assert torch.allclose(net[1].running_var, ref[1].running_var)
@@ -91,12 +89,7 @@ def test_f_swag_collection_runs():
     opt = SAM(net.parameters(), rho=0.05, lr=0.05)
     x, y = torch.randn(40, 3), torch.randn(40, 1)
     for step in range(40):
-        def closure():
-            opt.zero_grad()
-            loss = ((net(x) - y) ** 2).mean()
-            loss.backward()
-            return loss
-        opt.step(closure)
+        opt.step(mse_closure(opt, net, x, y))
         if step >= 20:
             swag.collect()
     assert swag.num_snapshots == 20 and len(swag.deviations) == 3
