@@ -1,4 +1,4 @@
-"""Export of ``pyro.infer.MCMC`` runs to ArviZ, with the kernels' per-draw statistics.
+"""Export of ``pyro.infer.MCMC`` runs (and of draws from a fitted guide) to ArviZ.
 
 :func:`to_arviz` builds on :func:`arviz.from_dict` only (ArviZ 1.x has no ``from_pyro``), so the
 same code returns an ``InferenceData`` on ArviZ 0.x and a ``DataTree`` on ArviZ 1.x; the one
@@ -8,7 +8,7 @@ version-specific call lives in :func:`_from_dict`.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,8 +26,11 @@ __all__ = ["to_arviz"]
 
 
 def to_arviz(
-    mcmc: MCMC,
+    source: MCMC | Mapping[str, torch.Tensor],
     *,
+    model: Callable | None = None,
+    model_args: tuple = (),
+    model_kwargs: Mapping[str, Any] | None = None,
     var_names: str | Sequence[str] | None = None,
     thin: int = 1,
     coords: Mapping[str, Any] | None = None,
@@ -36,7 +39,12 @@ def to_arviz(
     posterior_predictive: bool = False,
     observed_data: bool = False,
 ) -> Any:
-    """Convert a finished :class:`pyro.infer.MCMC` run to ArviZ.
+    """Convert a finished :class:`pyro.infer.MCMC` run, or a dict of draws, to ArviZ.
+
+    ``source`` is either an ``MCMC`` run or draws ``{site: tensor of shape (num_draws,
+    *site_shape)}``, e.g. from a fitted guide (:func:`pyro_flat.predictive.guide_draws`, which
+    covers HWA's averaged guide) or from SWAG (:meth:`pyro_flat.infer.SWAG.draws`), exported
+    as one chain with no ``sample_stats``.
 
     Groups:
 
@@ -47,8 +55,9 @@ def to_arviz(
       ``(chain, draw)``. Kernels that record none (e.g. Pyro's ``NUTS``) give a posterior only.
     * on request, ``log_likelihood`` (per observation, e.g. for ``az.loo``),
       ``posterior_predictive`` (one replicate of each observed site per draw) and
-      ``observed_data``: the model (``mcmc.kernel.model``) is run once per exported draw on the
-      arguments of ``mcmc.run`` with every subsampled plate given its full index set, so that
+      ``observed_data``: the model (``mcmc.kernel.model`` and the arguments of ``mcmc.run``, or
+      ``model``, ``model_args`` and ``model_kwargs``) is run once per exported draw with every
+      subsampled plate given its full index set, so that
       a model written with ``pyro.plate(..., subsample_size=B)`` (where ArviZ's own
       ``from_pyro`` drops the log-likelihood) gives one value per data point. Each observed
       site becomes a variable with dims ``(chain, draw, *batch_shape)``; the values are the
@@ -66,8 +75,13 @@ def to_arviz(
 
     Parameters
     ----------
-    mcmc : pyro.infer.MCMC
-        A run, i.e. after ``mcmc.run(...)``.
+    source : pyro.infer.MCMC or dict of str to torch.Tensor
+        A run, i.e. after ``mcmc.run(...)``, or draws ``{site: (num_draws, *site_shape)}``.
+    model : callable, optional
+        The model to replay for the ``log_likelihood``, ``posterior_predictive`` and
+        ``observed_data`` groups; defaults to the kernel's model for an ``MCMC`` run.
+    model_args, model_kwargs : tuple, dict, optional
+        Its arguments; default to those of ``mcmc.run``.
     var_names : str or sequence of str, optional
         Sample sites to export; all by default.
     thin : int
@@ -79,7 +93,8 @@ def to_arviz(
         Dimension names (without ``chain`` and ``draw``) by site, passed to
         :func:`arviz.from_dict`.
     log_likelihood, posterior_predictive, observed_data : bool
-        Add these groups (see above); they need a kernel built from a ``model``.
+        Add these groups (see above); they need a model (a kernel built from one, or
+        ``model``).
 
     Returns
     -------
@@ -89,8 +104,9 @@ def to_arviz(
     Raises
     ------
     ValueError
-        If ``mcmc`` has not run, ``var_names`` names unknown sites (the message lists the
-        available ones) or ``thin`` is not a positive integer.
+        If ``mcmc`` has not run, the draws are empty or hold different numbers of draws per
+        site, ``var_names`` names unknown sites (the message lists the available ones), ``thin``
+        is not a positive integer, or a replayed group is asked for without a model.
 
     Examples
     --------
@@ -114,24 +130,49 @@ def to_arviz(
     >>> sorted(idata.sample_stats.data_vars)
     ['diverging', 'grad_norm', 'lp', 'step_size']
     >>> az.summary(idata, var_names=["w", "s"])  # doctest: +SKIP
+
+    Draws of a fitted guide export the same way:
+
+    >>> from pyro.infer.autoguide import AutoNormal
+    >>> from pyro_flat.predictive import guide_draws
+    >>> guide = AutoNormal(model)
+    >>> _ = guide(x, y)  # creates the guide's parameters
+    >>> idata = to_arviz(guide_draws(guide, 50, x, y), model=model, model_args=(x, y),
+    ...                  log_likelihood=True)
+    >>> idata.log_likelihood["y"].shape
+    (1, 50, 200)
     """
     thin = validation.integer_at_least("thin", thin, 1)
-    samples = mcmc.get_samples(group_by_chain=True)
-    if samples is None:
-        raise ValueError("mcmc holds no samples: call mcmc.run(...) before to_arviz")
-    if not samples:
+    if isinstance(source, Mapping):
+        all_samples = _draws_as_one_chain(source)
+        stats, attrs = {}, {**_library_attrs(), "pyro_flat_source": "draws"}
+    else:
+        all_samples = source.get_samples(group_by_chain=True)
+        if all_samples is None:
+            raise ValueError("mcmc holds no samples: call mcmc.run(...) before to_arviz")
+        if model is None:
+            model = getattr(source.kernel, "model", None)
+            model_args = getattr(source, "_args", ())
+            model_kwargs = getattr(source, "_kwargs", {})
+        attrs = _attrs(source)
+    if not all_samples:
         raise ValueError("the run has no sample sites to export")
-    samples = _select(samples, var_names)
+    samples = _select(all_samples, var_names)
     num_draws = next(iter(samples.values())).shape[1]
 
     groups = {"posterior": {name: _numpy(value)[:, ::thin] for name, value in samples.items()}}
-    stats = _sample_stats(getattr(mcmc, "_diagnostics", None), num_draws)
+    if not isinstance(source, Mapping):
+        stats = _sample_stats(getattr(source, "_diagnostics", None), num_draws)
     if stats:
         groups["sample_stats"] = {name: value[:, ::thin] for name, value in stats.items()}
 
     if log_likelihood or posterior_predictive or observed_data:
-        all_samples = mcmc.get_samples(group_by_chain=True)
-        replay = _replay_observed(mcmc, all_samples, thin, posterior_predictive)
+        if model is None:
+            raise ValueError("log_likelihood, posterior_predictive and observed_data need a "
+                             "model: a kernel built from a model (not a potential_fn), or "
+                             "model=...")
+        replay = _replay_observed(model, tuple(model_args), dict(model_kwargs or {}),
+                                  all_samples, thin, posterior_predictive)
         if log_likelihood:
             groups["log_likelihood"] = replay["log_likelihood"]
         if posterior_predictive:
@@ -141,7 +182,23 @@ def to_arviz(
 
     coords = dict(coords or {})
     coords.setdefault("draw", np.arange(0, num_draws, thin))
-    return _from_dict(groups, attrs=_attrs(mcmc), coords=coords, dims=dims)
+    return _from_dict(groups, attrs=attrs, coords=coords, dims=dims)
+
+
+def _draws_as_one_chain(draws: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """``{site: (num_draws, ...)}`` as ``{site: (1, num_draws, ...)}`` (views, no copy)."""
+    out = {}
+    for name, value in draws.items():
+        value = torch.as_tensor(value)
+        if value.dim() < 1:
+            raise ValueError(f"draws[{name!r}] must have a leading draw dimension, got a scalar")
+        out[name] = value.unsqueeze(0)
+    sizes = {name: v.shape[1] for name, v in out.items()}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"every site must hold the same number of draws, got {sizes}")
+    if any(n == 0 for n in sizes.values()):
+        raise ValueError("the draws are empty (zero draws)")
+    return out
 
 
 class _InjectSubsample(Messenger):
@@ -191,14 +248,14 @@ def _plate_dim(site: dict, plate: str | None, value: torch.Tensor) -> int:
 
 
 def _replay_observed(
-    mcmc: MCMC, samples: Mapping[str, torch.Tensor], thin: int, predictive: bool
+    model: Callable,
+    args: tuple,
+    kwargs: dict,
+    samples: Mapping[str, torch.Tensor],
+    thin: int,
+    predictive: bool,
 ) -> dict[str, dict[str, np.ndarray]]:
     """Per-draw log-likelihood (and replicates) of every observed site on all the data."""
-    model = getattr(mcmc.kernel, "model", None)
-    if model is None:
-        raise ValueError("log_likelihood, posterior_predictive and observed_data need a kernel "
-                         "built from a model (not a potential_fn)")
-    args, kwargs = getattr(mcmc, "_args", ()), getattr(mcmc, "_kwargs", {})
     num_chains, num_draws = next(iter(samples.values())).shape[:2]
     chunks = _chunks(model, args, kwargs, {k: v[0, 0] for k, v in samples.items()})
     results: dict[str, list] = {"log_likelihood": [], "posterior_predictive": [],
@@ -300,15 +357,15 @@ def _sample_stats(
     return out
 
 
-def _attrs(mcmc: MCMC) -> dict[str, Any]:
-    """Provenance attributes: the inference library, its version and the kernel."""
+def _library_attrs() -> dict[str, Any]:
     import pyro
 
-    attrs: dict[str, Any] = {
-        "inference_library": "pyro",
-        "inference_library_version": pyro.__version__,
-        "pyro_flat_kernel": type(mcmc.kernel).__name__,
-    }
+    return {"inference_library": "pyro", "inference_library_version": pyro.__version__}
+
+
+def _attrs(mcmc: MCMC) -> dict[str, Any]:
+    """Provenance attributes: the inference library, its version and the kernel."""
+    attrs: dict[str, Any] = {**_library_attrs(), "pyro_flat_kernel": type(mcmc.kernel).__name__}
     diagnostics = getattr(mcmc, "_diagnostics", None) or []
     steps = [d.get("num_sg_steps") if isinstance(d, Mapping) else None for d in diagnostics]
     if steps and all(isinstance(s, int | np.integer) for s in steps):

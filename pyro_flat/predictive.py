@@ -5,11 +5,15 @@ the posterior predictive of a classifier is estimated by
 
 .. math:: p(y \\mid x, \\mathcal{D}) \\approx \\frac1S \\sum_{s=1}^S
     \\operatorname{softmax}\\big(f_{\\theta_s}(x)\\big)_y .
+
+Draws of a fitted guide (SVI, HWA's averaged guide) come from :func:`guide_draws` in the same
+``{site: (num_draws, ...)}`` form, so the same tools serve MCMC and SVI.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import pyro.poutine as poutine
 import pyro.util
@@ -17,7 +21,7 @@ import torch
 
 from pyro_flat import validation
 
-__all__ = ["bma_probs"]
+__all__ = ["bma_probs", "guide_draws"]
 
 
 def _latent_sites(net: torch.nn.Module, x: torch.Tensor) -> dict[str, torch.Size]:
@@ -164,3 +168,51 @@ def bma_probs(
                     per_draw[s, start : start + batch_size] = probs
     mean = total / num_draws
     return (mean, per_draw) if return_per_draw else mean
+
+
+def guide_draws(
+    guide: Callable[..., Any], num_samples: int, *args: Any, **kwargs: Any
+) -> dict[str, torch.Tensor]:
+    """Draws of the latent sites of a fitted guide, ``{site: (num_samples, *site_shape)}``.
+
+    The guide runs ``num_samples`` times on ``args``/``kwargs`` (the model's arguments) under
+    ``torch.no_grad()``; its auxiliary sites (e.g. ``AutoDiagonalNormal``'s joint latent) are
+    left out, so the result has the model's site names, as ``mcmc.get_samples()``: feed it to
+    :func:`bma_probs`, :func:`pyro_flat.to_arviz` or :class:`pyro.infer.Predictive`
+    (``posterior_samples=``). HWA's :meth:`~pyro_flat.infer.HWA.averaged_guide` is a guide too.
+
+    Parameters
+    ----------
+    guide : callable
+        A guide whose parameters exist (it has run at least once, e.g. one ``svi.step``).
+    num_samples : int
+        Number of draws, ``>= 1``.
+    *args, **kwargs
+        The arguments of the model (and guide).
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> from pyro.infer.autoguide import AutoDiagonalNormal
+    >>> def model(x):
+    ...     w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    ...     with pyro.plate("data", len(x)):
+    ...         pyro.sample("y", dist.Normal(x @ w, 1.0), obs=torch.zeros(len(x)))
+    >>> guide = AutoDiagonalNormal(model)
+    >>> x = torch.randn(5, 2)
+    >>> _ = guide(x)
+    >>> {k: tuple(v.shape) for k, v in guide_draws(guide, 10, x).items()}
+    {'w': (10, 2)}
+    """
+    num_samples = validation.integer_at_least("num_samples", num_samples, 1)
+    draws: dict[str, list[torch.Tensor]] = {}
+    with torch.no_grad(), poutine.block():  # unseen by handlers outside this call
+        for _ in range(num_samples):
+            trace = poutine.trace(guide).get_trace(*args, **kwargs)
+            for name, site in trace.nodes.items():
+                if site["type"] != "sample" or site["infer"].get("is_auxiliary"):
+                    continue
+                draws.setdefault(name, []).append(site["value"].detach())
+    if not draws:
+        raise ValueError("the guide has no latent sample sites to draw")
+    return {name: torch.stack(values) for name, values in draws.items()}

@@ -144,6 +144,25 @@ class SWAG:
                 noise = noise + torch.stack(self.deviations, 1) @ z2 / math.sqrt(2 * (k - 1))
         return self._unflat(self.mean + math.sqrt(scale) * noise)
 
+    def draws(
+        self,
+        num_samples: int,
+        scale: float = 1.0,
+        *,
+        diagonal: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """``num_samples`` draws of :meth:`sample`, stacked: ``{name: (num_samples, *shape)}``.
+
+        With the names of a network's parameters these are the sites of the same network made
+        Bayesian (:func:`pyro_flat.nn.make_bayesian`), so the result goes to
+        :func:`pyro_flat.predictive.bma_probs` and :func:`pyro_flat.to_arviz` as MCMC draws do.
+        """
+        num_samples = validation.integer_at_least("num_samples", num_samples, 1)
+        samples = [self.sample(scale, diagonal=diagonal, generator=generator)
+                   for _ in range(num_samples)]
+        return {n: torch.stack([s[n] for s in samples]) for n in self.params}
+
     def average(self) -> dict[str, torch.Tensor]:
         """The SWA solution :math:`\\bar\\theta`."""
         return self._unflat(self.mean.clone())
