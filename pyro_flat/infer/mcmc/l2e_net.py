@@ -1,0 +1,360 @@
+r"""The L2E meta-network, its features, and the update rule shared by kernel and meta-training.
+
+Learning to Explore (Kim et al. 2024) learns the gradients of a kinetic energy
+:math:`g(\theta, r)`: one small MLP, shared by every parameter element, maps 9 features of an
+element to :math:`(\alpha, \beta) \approx (\nabla_\theta g, \nabla_r g)`. The features of an
+element are, in this order,
+
+``[grad, theta, r, m_0.1, m_0.5, m_0.9, m_0.99, m_0.999, m_0.9999]``
+
+where ``grad`` is the gradient of the *mean* minibatch loss (``grad U / N``), ``r`` the momentum and
+``m_d <- d m_d + (1 - d) grad`` exponential moving averages of the gradient (started at zero).
+Each feature is normalised over its whole parameter tensor (one Pyro site):
+:math:`x / \sqrt{10^{-5} + \mathrm{mean}(x^2)}`. The network is ``9 -> 32 -> 32 -> 2`` with ReLU
+between layers, ``x @ w + b`` (the layout of the authors' haiku ``hk.nets.MLP([32, 32, 2])``), and
+:math:`\alpha = 10^{-3} o_1`, :math:`\beta = 10^{-3} o_2`.
+
+:func:`l2e_step_` is the update; :class:`pyro_flat.infer.L2E` and
+:mod:`pyro_flat.infer.l2e_meta` both call it, so the sampler that is meta-trained is the sampler
+that ships.
+
+References
+----------
+Kim, S., Kim, M. & Lee, J. (2024). Learning to explore for stochastic gradient MCMC.
+arXiv:2408.09140. Code: github.com/ciao-seohyeon/l2e (``algorithms/l2e.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import numpy as np
+import torch
+
+#: Decays of the gradient moving averages fed to the network.
+DECAYS: tuple[float, ...] = (0.1, 0.5, 0.9, 0.99, 0.999, 0.9999)
+#: Feature names, in the order of the network's input.
+FEATURES: tuple[str, ...] = ("grad", "theta", "r") + tuple(f"m_{d:g}" for d in DECAYS)
+#: Layer widths of the meta-network.
+LAYER_SIZES: tuple[int, ...] = (len(FEATURES), 32, 32, 2)
+#: Output multipliers (the authors' ``exp_mult`` and ``precond_mult``).
+OUTPUT_SCALE: float = 1e-3
+#: Friction ``C`` of the authors' code.
+FRICTION: float = 0.1
+#: The ``eps`` of the feature normalisation ``x / sqrt(eps + mean(x^2))``.
+NORM_EPS: float = 1e-5
+#: File name of the shipped meta-parameters in ``pyro_flat/data``.
+SHIPPED_FILE = "l2e_meta_params.npz"
+
+_INFO_KEY = "pyro_flat_info"
+
+
+def _haiku_names() -> list[str]:
+    return [f"linear_{i}.{p}" for i in range(len(LAYER_SIZES) - 1) for p in ("w", "b")]
+
+
+class MetaNet:
+    r"""The shared per-element MLP ``9 -> 32 -> 32 -> 2`` (ReLU), ``x @ w + b`` per layer.
+
+    Parameters
+    ----------
+    weights : sequence of (w, b)
+        One ``(w, b)`` pair per layer, ``w`` of shape ``(in, out)`` and ``b`` of shape ``(out,)``,
+        with the sizes :data:`LAYER_SIZES`.
+    info : dict, optional
+        Free-form provenance (e.g. how the parameters were trained), saved with them.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pyro_flat.infer.mcmc.l2e_net import MetaNet
+    >>> net = MetaNet.init(torch.Generator().manual_seed(0))
+    >>> net.num_params, tuple(net(torch.zeros(5, 9)).shape)
+    (1442, (5, 2))
+    >>> torch.equal(MetaNet.from_flat(net.to_flat())(torch.ones(1, 9)), net(torch.ones(1, 9)))
+    True
+    """
+
+    def __init__(self, weights: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                 info: Mapping[str, Any] | None = None):
+        if len(weights) != len(LAYER_SIZES) - 1:
+            raise ValueError(f"weights must have {len(LAYER_SIZES) - 1} (w, b) pairs, "
+                             f"got {len(weights)}")
+        checked = []
+        for i, (w, b) in enumerate(weights):
+            w, b = torch.as_tensor(w), torch.as_tensor(b)
+            shape_w, shape_b = (LAYER_SIZES[i], LAYER_SIZES[i + 1]), (LAYER_SIZES[i + 1],)
+            if tuple(w.shape) != shape_w or tuple(b.shape) != shape_b:
+                raise ValueError(
+                    f"layer {i} of the meta-network must have w of shape {shape_w} and b of "
+                    f"shape {shape_b}, got {tuple(w.shape)} and {tuple(b.shape)}"
+                )
+            if not (torch.isfinite(w).all() and torch.isfinite(b).all()):
+                raise ValueError(f"layer {i} of the meta-network has non-finite values")
+            checked.append((w, b))
+        self.weights = checked
+        self.info = dict(info or {})
+
+    # ------------------------------------------------------------------ evaluation
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Raw outputs ``(n, 2)`` for features ``x`` of shape ``(n, 9)``."""
+        h = x
+        for i, (w, b) in enumerate(self.weights):
+            h = torch.addmm(b.to(h.dtype), h, w.to(h.dtype))
+            if i < len(self.weights) - 1:
+                h = h.relu()
+        return h
+
+    def to(self, dtype: torch.dtype | None = None, device: Any = None) -> MetaNet:
+        """A copy with every tensor cast / moved."""
+        return MetaNet([(w.to(device=device, dtype=dtype), b.to(device=device, dtype=dtype))
+                        for w, b in self.weights], self.info)
+
+    # ------------------------------------------------------------------ flat vector (for ES)
+
+    @property
+    def num_params(self) -> int:
+        return sum(w.numel() + b.numel() for w, b in self.weights)
+
+    def to_flat(self) -> torch.Tensor:
+        """All parameters in one vector (layer by layer, ``w`` then ``b``)."""
+        return torch.cat([t.reshape(-1) for wb in self.weights for t in wb])
+
+    @classmethod
+    def from_flat(cls, flat: torch.Tensor, info: Mapping[str, Any] | None = None) -> MetaNet:
+        """Inverse of :meth:`to_flat`."""
+        expected = sum(a * b + b for a, b in zip(LAYER_SIZES[:-1], LAYER_SIZES[1:], strict=True))
+        if flat.ndim != 1 or flat.numel() != expected:
+            raise ValueError(f"flat must be a vector of {expected} meta-parameters, "
+                             f"got shape {tuple(flat.shape)}")
+        weights, offset = [], 0
+        for a, b in zip(LAYER_SIZES[:-1], LAYER_SIZES[1:], strict=True):
+            w = flat[offset: offset + a * b].view(a, b)
+            offset += a * b
+            weights.append((w, flat[offset: offset + b]))
+            offset += b
+        return cls(weights, info)
+
+    # ------------------------------------------------------------------ initialisation
+
+    @classmethod
+    def init(cls, generator: torch.Generator | None = None, *, planted: float = 0.0,
+             scale: float = 1.0) -> MetaNet:
+        r"""Haiku's default initialisation (truncated normal of standard deviation
+        ``scale / sqrt(fan_in)``, zero biases), optionally with a planted path.
+
+        With ``planted = k > 0``, hidden units 0 and 1 of both layers carry ``relu(r)`` and
+        ``relu(-r)`` of the normalised momentum feature and ``o_2 += k (h_0 - h_1)``, so that
+        :math:`\beta = 10^{-3} k\, r / \mathrm{rms}(r)` plus the random part: the gradient of the
+        kinetic energy :math:`10^{-3} k \sqrt{n}\,\lVert r \rVert` per tensor, the closest to the
+        standard :math:`\tfrac12 \lVert r \rVert^2` that scale-free features can express.
+        """
+        weights = []
+        for a, b in zip(LAYER_SIZES[:-1], LAYER_SIZES[1:], strict=True):
+            w = torch.empty(a, b)
+            torch.nn.init.trunc_normal_(w, std=1.0, a=-2.0, b=2.0, generator=generator)
+            weights.append([w * (scale / math.sqrt(a)), torch.zeros(b)])
+        if planted:
+            r = FEATURES.index("r")
+            (w0, _), (w1, _), (w2, _) = weights
+            w0[:, :2] = 0.0
+            w0[r, 0], w0[r, 1] = 1.0, -1.0
+            w1[:, :2] = 0.0
+            w1[:2, :] = 0.0
+            w1[0, 0], w1[1, 1] = 1.0, 1.0
+            w2[:2, :] = 0.0
+            w2[0, 1], w2[1, 1] = planted, -planted
+        return cls([tuple(wb) for wb in weights], {"init": "haiku", "planted": planted,
+                                                   "scale": scale})
+
+    # ------------------------------------------------------------------ files
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The haiku layout ``{"linear_0.w": ..., "linear_0.b": ..., ...}`` as float32 arrays."""
+        flat = [t.detach().cpu().to(torch.float32).numpy() for wb in self.weights for t in wb]
+        return dict(zip(_haiku_names(), flat, strict=True))
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, Any], info: Mapping[str, Any] | None = None
+                    ) -> MetaNet:
+        """From the haiku layout: keys ``linear_{i}.w`` ``(in, out)`` and ``linear_{i}.b``.
+
+        This is the layout of the authors' published ``meta_params.pickle`` (converted to
+        NumPy) as well as of the files :meth:`save` writes.
+        """
+        missing = [k for k in _haiku_names() if k not in arrays]
+        if missing:
+            raise ValueError(f"meta-parameters are missing the arrays {missing} (expected the "
+                             f"haiku names {_haiku_names()})")
+        t = [torch.as_tensor(np.asarray(arrays[k]), dtype=torch.float32) for k in _haiku_names()]
+        return cls(list(zip(t[0::2], t[1::2], strict=True)), info)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write an ``.npz`` in the haiku layout plus a JSON ``pyro_flat_info`` entry."""
+        arrays = self.to_arrays()
+        arrays[_INFO_KEY] = np.array(json.dumps(self.info, sort_keys=True))
+        with open(path, "wb") as f:
+            np.savez(f, **arrays)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> MetaNet:
+        """Read a file written by :meth:`save`, or the authors' parameters as an ``.npz``."""
+        with np.load(path, allow_pickle=False) as data:
+            info = json.loads(str(data[_INFO_KEY])) if _INFO_KEY in data.files else {}
+            return cls.from_arrays({k: data[k] for k in data.files if k != _INFO_KEY}, info)
+
+    @classmethod
+    def shipped(cls) -> MetaNet:
+        """The meta-parameters trained by this project (``pyro_flat/data/l2e_meta_params.npz``)."""
+        ref = resources.files("pyro_flat").joinpath("data", SHIPPED_FILE)
+        with resources.as_file(ref) as path:
+            return cls.load(path)
+
+
+def as_meta_net(meta_params: Any) -> MetaNet:
+    """Accept a :class:`MetaNet`, a path to an ``.npz``, a mapping in the haiku layout, or
+    ``None`` (the shipped parameters)."""
+    if meta_params is None:
+        return MetaNet.shipped()
+    if isinstance(meta_params, MetaNet):
+        return meta_params
+    if isinstance(meta_params, str | os.PathLike):
+        return MetaNet.load(meta_params)
+    if isinstance(meta_params, Mapping):
+        return MetaNet.from_arrays(meta_params)
+    raise ValueError("meta_params must be None, a MetaNet, a path to an .npz file or a mapping "
+                     f"of haiku names to arrays, got {type(meta_params).__name__}")
+
+
+# ---------------------------------------------------------------------- the sampler's state
+
+
+@dataclass
+class L2EState:
+    """Per-element state of an L2E chain on one flat parameter vector.
+
+    ``raw`` is an ``(n, 9)`` buffer whose columns 3..8 *are* the gradient moving averages
+    (persistent state); columns 0..2 are refilled with ``grad``, ``theta`` and ``r`` at each
+    step. ``segments`` are the ``(start, stop)`` slices over which features are normalised (one
+    per parameter tensor).
+    """
+
+    r: torch.Tensor
+    raw: torch.Tensor
+    segments: list[tuple[int, int]]
+    normed: torch.Tensor = field(init=False)
+    noise: torch.Tensor = field(init=False)
+    decays: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.normed = torch.empty_like(self.raw)
+        self.noise = torch.empty_like(self.r)
+        self.decays = torch.tensor(DECAYS, dtype=self.raw.dtype, device=self.raw.device)
+
+    @classmethod
+    def zeros(cls, theta: torch.Tensor, segments: Sequence[tuple[int, int]] | None = None
+              ) -> L2EState:
+        """Momentum and moving averages at zero for the flat parameters ``theta``."""
+        n = theta.numel()
+        segs = [(0, n)] if segments is None else [(int(a), int(b)) for a, b in segments]
+        if not segs or segs[0][0] != 0 or segs[-1][1] != n or any(
+            a >= b or b != c for (a, b), (c, _) in zip(segs, segs[1:] + [(n, n)], strict=True)
+        ):
+            raise ValueError(f"segments must tile [0, {n}) in order with non-empty slices, "
+                             f"got {segs}")
+        return cls(torch.zeros_like(theta), theta.new_zeros(n, len(FEATURES)), segs)
+
+    @property
+    def moments(self) -> torch.Tensor:
+        """The gradient moving averages, ``(n, 6)`` (a view)."""
+        return self.raw[:, 3:]
+
+    def normalise_(self, columns: slice = slice(None)) -> torch.Tensor:
+        """Write ``raw / sqrt(eps + mean(raw^2))`` per segment and column into ``normed``."""
+        for a, b in self.segments:
+            x = self.raw[a:b, columns]
+            ms = torch.linalg.vector_norm(x, dim=0).square_().div_(b - a).add_(NORM_EPS)
+            torch.mul(x, ms.rsqrt_(), out=self.normed[a:b, columns])
+        return self.normed
+
+
+class StandardKinetic:
+    r"""The standard kinetic energy :math:`g(\theta, r) = \tfrac12 \lVert r \rVert^2`:
+    :math:`\alpha = 0`, :math:`\beta = r`. With it :func:`l2e_step_` is the SGHMC step
+    :func:`pyro_flat.infer.mcmc.integrators.underdamped_step_` with friction ``C`` and unit mass.
+    """
+
+    def __call__(self, theta: torch.Tensor, state: L2EState, first: bool
+                 ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        return None, state.r
+
+
+class LearnedKinetic:
+    r"""The meta-network's kinetic-energy gradients :math:`(\alpha, \beta) = 10^{-3}\,
+    \mathrm{MLP}(\text{normalised features})`."""
+
+    def __init__(self, net: MetaNet, output_scale: float = OUTPUT_SCALE):
+        self.net = net
+        self.output_scale = output_scale
+        self._out: torch.Tensor | None = None
+
+    def __call__(self, theta: torch.Tensor, state: L2EState, first: bool
+                 ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        raw = state.raw
+        if first:
+            raw[:, 1].copy_(theta)
+            raw[:, 2].copy_(state.r)
+            x = state.normalise_()
+        else:  # only r changed since the first evaluation of this step
+            raw[:, 2].copy_(state.r)
+            x = state.normalise_(slice(2, 3))
+        out = self.net(x)
+        out.mul_(self.output_scale)
+        return out[:, 0], out[:, 1]
+
+
+def l2e_step_(
+    theta: torch.Tensor,
+    state: L2EState,
+    grad_u: torch.Tensor,
+    num_data: float,
+    step_size: float,
+    temperature: float,
+    kinetic: StandardKinetic | LearnedKinetic,
+    friction: float = FRICTION,
+    generator: torch.Generator | None = None,
+) -> None:
+    r"""One L2E step, in place on ``theta`` and ``state``:
+
+    .. math::
+
+        m_d &\leftarrow d\, m_d + (1 - d)\, \nabla U / N \\
+        r &\leftarrow r - \epsilon\,\big(\nabla U + \alpha + C \beta\big)
+             + \sqrt{2 C \epsilon T}\, \xi, \qquad (\alpha, \beta) = \mathrm{net}(\theta, r, m) \\
+        \theta &\leftarrow \theta + \epsilon\, \beta', \qquad \beta' = \mathrm{net}(\theta, r', m)_2
+
+    with :math:`\xi \sim \mathcal{N}(0, I)`. ``grad_u`` is :math:`\nabla U` (the gradient of
+    ``N`` times the mean loss plus the prior); the features see :math:`\nabla U / N`.
+    """
+    raw = state.raw
+    grad_mean = raw[:, 0]
+    torch.mul(grad_u, 1.0 / num_data, out=grad_mean)
+    state.moments.lerp_(grad_mean.unsqueeze(1).expand_as(state.moments), 1.0 - state.decays)
+    alpha, beta = kinetic(theta, state, True)
+    r = state.r
+    if alpha is not None:
+        r.add_(alpha, alpha=-step_size)
+    r.add_(beta, alpha=-step_size * friction).add_(grad_u, alpha=-step_size)
+    variance = 2.0 * friction * step_size * temperature
+    if variance > 0:
+        state.noise.normal_(generator=generator)
+        r.add_(state.noise, alpha=math.sqrt(variance))
+    _, beta = kinetic(theta, state, False)
+    theta.add_(beta, alpha=step_size)
