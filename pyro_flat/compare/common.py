@@ -1,0 +1,119 @@
+"""What every runner of ``pyro-flat compare`` receives (:class:`Context`) and returns
+(:class:`Fit`), and how a method is declared (:class:`Method`).
+
+A runner trains or samples one method and returns draws of the network's weights as
+``{site: tensor(num_draws, *shape)}`` for one Bayesian network; the shared evaluation
+(:mod:`pyro_flat.compare.evaluation`) turns any such draws into the table's numbers and the
+figures' curves, so a runner holds only what is specific to its method.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from pyro_flat.compare.config import Plan, Settings
+from pyro_flat.compare.models import build_network
+
+
+class _NoBar:
+    """A progress bar that shows nothing (tests, pipes)."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class Context:
+    """The data, settings, budget plan and seed a runner works with."""
+
+    data: Any  # pyro_flat.datasets.Dataset, on the device
+    settings: Settings
+    plan: Plan
+    seed: int
+    model: str = "mlp"
+    show_progress: bool | None = None  # None: when stderr is a terminal (tqdm's rule)
+
+    @property
+    def num_train(self) -> int:
+        return self.data.num_train
+
+    def network(self) -> torch.nn.Sequential:
+        """A fresh plain network of the chosen architecture, on the data's device."""
+        d = self.data
+        net = build_network(self.model, d.input_shape[0], d.num_classes, self.settings)
+        return net.to(d.x_train.device)
+
+    def bayesian(self, net: torch.nn.Module | None = None) -> torch.nn.Module:
+        """``net`` (default a fresh network) made Bayesian with the shared prior, in place."""
+        from pyro_flat.nn import make_bayesian
+
+        s = self.settings
+        return make_bayesian(self.network() if net is None else net,
+                             prior_scale=s.prior_scale, scale_rule=s.scale_rule)
+
+    def bayesian_copy(self, net: torch.nn.Module) -> torch.nn.Module:
+        """A Bayesian copy of a plain ``net`` whose sites are named as its parameters."""
+        return self.bayesian(copy.deepcopy(net))
+
+    def progress(self, total: int, label: str) -> Any:
+        """A progress bar over ``total`` gradient evaluations (``update(n)``, ``close()``)."""
+        if self.show_progress is False:
+            return _NoBar()
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=label, unit="grad", leave=False, file=sys.stderr,
+                    disable=None if self.show_progress is None else not self.show_progress,
+                    dynamic_ncols=True, mininterval=0.5)
+
+
+@dataclass
+class Fit:
+    """A runner's result: draws for ``net``, gradient evaluations spent, optional ArviZ data."""
+
+    net: torch.nn.Module  # Bayesian network (make_bayesian) the draws are for
+    samples: dict[str, torch.Tensor]  # {site: (num_draws, *shape)}
+    grad_evals: int
+    idata: Any = None  # ArviZ InferenceData of the draws (MCMC methods)
+    weights: torch.Tensor | None = None  # importance weights of the draws (sum 1), or equal
+    notes: dict[str, Any] = field(default_factory=dict)  # method settings for results.json
+
+
+@dataclass(frozen=True)
+class Method:
+    """One method of ``compare``: its name, one line for ``--help``, and its runner.
+
+    ``requires`` names classes of :mod:`pyro_flat.infer` (or ``pyro_flat.optim``) the runner
+    needs; while one is missing the method is listed as planned and refused.
+    """
+
+    name: str
+    summary: str
+    run: Callable[[str, Context], Fit]
+    requires: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
+
+    def available(self) -> bool:
+        import pyro_flat.infer
+        import pyro_flat.optim
+
+        return all(hasattr(pyro_flat.infer, n) or hasattr(pyro_flat.optim, n)
+                   for n in self.requires)
+
+
+def stack_draws(draws: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """``[{site: tensor}, ...]`` as ``{site: tensor(num_draws, ...)}``."""
+    return {k: torch.stack([d[k].detach() for d in draws]) for k in draws[0]}
+
+
+def point_draws(net: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters of a plain network as one draw."""
+    return {name: p.detach().clone()[None] for name, p in net.named_parameters()}

@@ -1,0 +1,111 @@
+"""The settings every method of ``pyro-flat compare`` shares, and how a budget is spent.
+
+A budget is a number of *gradient evaluations* per method: one SG-MCMC step, one SGD step and
+one SVI step with one particle each cost one; a SAM or sharpness-aware step costs two (so such
+methods take half the steps); an ensemble splits the budget among its members.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+#: The radius of the sharpness-aware ascent steps (SASGLD, SAM, SharpnessAwareELBO) and of the
+#: measured sharpness.
+RHO = 0.05
+#: Training points on which the sharpness and the loss slices are measured (the first ones).
+SHARPNESS_POINTS = 1000
+#: EntropyMCMC's step_size / eta, the authors' CIFAR-10 ratio (lr 0.5 over 50,000, eta 4e-4).
+ENTROPY_STEP_OVER_ETA = 0.025
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Gradient evaluations per method and the shape of the run.
+
+    ``steps`` gradient evaluations; SGLD-like kernels take ``num_cycles * draws_per_cycle``
+    evenly spaced draws, of which the first ``warmup_cycles * draws_per_cycle`` are warmup;
+    cyclical SGLD runs ``num_cycles`` cosine cycles, the first ``warmup_cycles`` of them
+    discarded; deep ensembles train ``ensemble_size`` members.
+    """
+
+    steps: int
+    num_cycles: int = 4
+    warmup_cycles: int = 1
+    draws_per_cycle: int = 4
+    ensemble_size: int = 4
+
+
+BUDGETS = {
+    "quick": Budget(steps=4_000),
+    "full": Budget(steps=40_000, num_cycles=8, warmup_cycles=2, draws_per_cycle=4,
+                   ensemble_size=5),
+}
+#: The smallest integer budget: 4 cycles of 5 steps, each with one step of sampling stage.
+MIN_STEPS = 20
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The hyperparameters shared by every method (see :mod:`pyro_flat.compare`)."""
+
+    hidden: tuple[int, ...] = (100, 100)
+    channels: tuple[int, ...] = (16, 32)
+    prior_scale: float = 3.0
+    scale_rule: str = "fan_in"
+    batch_size: int = 128
+    lr: float = 0.2
+    momentum: float = 0.9
+    temperature: float = 1.0
+    exploration_fraction: float = 0.8
+    svi_lr: float = 1e-3
+    svi_init_scale: float = 0.01
+    swag_scale: float = 0.5
+    swag_max_rank: int = 20
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a budget is spent: SG steps per draw for SGLD-like kernels, cycles for cyclical SGLD."""
+
+    num_draws: int  # kept draws
+    warmup_draws: int
+    thin: int  # SG steps per draw (SGLD, SGHMC, ...)
+    num_cycles: int
+    warmup_cycles: int
+    cycle_length: int
+    draws_per_cycle: int
+    ensemble_size: int = 4
+
+    @property
+    def steps(self) -> int:
+        """Gradient evaluations of a method with one gradient per step."""
+        return self.thin * (self.num_draws + self.warmup_draws)
+
+
+def make_plan(budget: Budget, exploration_fraction: float) -> Plan:
+    """Spend ``budget.steps`` gradient evaluations alike in every method (up to rounding down).
+
+    Cycles of ``L`` steps, ``L`` a multiple of the draws per cycle, so that SGLD and SGHMC,
+    thinned by ``L / draws_per_cycle``, take exactly the steps of cyclical SGLD. Short budgets
+    keep fewer draws per cycle: at most the steps in the sampling stage of a cycle.
+    """
+    per_cycle = budget.draws_per_cycle
+    while True:
+        cycle_length = budget.steps // (budget.num_cycles * per_cycle) * per_cycle
+        sampling = cycle_length - math.ceil(exploration_fraction * cycle_length)
+        if cycle_length >= 2 and sampling >= per_cycle:
+            break
+        per_cycle -= 1
+        if per_cycle == 0:
+            raise ValueError(f"budget must be at least {MIN_STEPS} SG steps, got {budget.steps}")
+    return Plan(
+        num_draws=(budget.num_cycles - budget.warmup_cycles) * per_cycle,
+        warmup_draws=budget.warmup_cycles * per_cycle,
+        thin=cycle_length // per_cycle,
+        num_cycles=budget.num_cycles,
+        warmup_cycles=budget.warmup_cycles,
+        cycle_length=cycle_length,
+        draws_per_cycle=per_cycle,
+        ensemble_size=budget.ensemble_size,
+    )

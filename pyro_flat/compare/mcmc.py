@@ -1,0 +1,157 @@
+"""SG-MCMC runners of ``pyro-flat compare``: one small kernel builder per method.
+
+Each builder returns the kernel, the number of kept draws and of warmup draws, and the gradient
+evaluations per SG step; :func:`run_kernel` runs it through :class:`pyro.infer.MCMC` on the
+shared Bayesian network and likelihood. Step sizes come from one SGD learning rate ``lr`` on
+the *mean* loss: the kernels act on ``U``, ``N`` times the mean loss, so ``step_size = lr / N``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pyro_flat.compare.common import Context, Fit, Method
+from pyro_flat.compare.config import ENTROPY_STEP_OVER_ETA, RHO
+from pyro_flat.compare.models import ClassifierModel
+
+#: ``(kernel, num_samples, warmup_steps, gradient evaluations per SG step)``
+Built = tuple[Any, int, int, int]
+
+
+def _sgld(model: ClassifierModel, ctx: Context) -> Built:
+    from pyro_flat.infer import SGLD
+
+    s, p = ctx.settings, ctx.plan
+    kernel = SGLD(model, step_size=s.lr / ctx.num_train, num_steps_per_sample=p.thin,
+                  temperature=s.temperature)
+    return kernel, p.num_draws, p.warmup_draws, 1
+
+
+def _sghmc(model: ClassifierModel, ctx: Context) -> Built:
+    from pyro_flat.infer import SGHMC
+
+    s, p = ctx.settings, ctx.plan
+    kernel = SGHMC.from_sgd(model, s.lr * (1 - s.momentum), s.momentum, ctx.num_train,
+                            num_steps_per_sample=p.thin, temperature=s.temperature)
+    return kernel, p.num_draws, p.warmup_draws, 1
+
+
+def _csgld(model: ClassifierModel, ctx: Context) -> Built:
+    from pyro_flat.infer import CyclicalSGLD
+
+    s, p = ctx.settings, ctx.plan
+    kernel = CyclicalSGLD(model, step_size=2 * s.lr / ctx.num_train, cycle_length=p.cycle_length,
+                          exploration_fraction=s.exploration_fraction,
+                          draws_per_cycle=p.draws_per_cycle, temperature=s.temperature)
+    kept = (p.num_cycles - p.warmup_cycles) * p.draws_per_cycle
+    return kernel, kept, p.warmup_cycles * p.draws_per_cycle, 1
+
+
+def _entropy(model: ClassifierModel, ctx: Context) -> Built:
+    from pyro_flat.infer import EntropyMCMC
+
+    s, p = ctx.settings, ctx.plan
+    step = s.lr / ctx.num_train
+    kernel = EntropyMCMC(model, step_size=step, eta=step / ENTROPY_STEP_OVER_ETA,
+                         num_steps_per_sample=p.thin, temperature=s.temperature)
+    return kernel, p.num_draws, p.warmup_draws, 1
+
+
+def _sasgld(model: ClassifierModel, ctx: Context) -> Built:
+    from pyro_flat.infer import SASGLD
+
+    s, p = ctx.settings, ctx.plan  # two gradients per step: half the steps of SGLD
+    kernel = SASGLD(model, step_size=s.lr / ctx.num_train, rho=RHO, temperature=s.temperature,
+                    num_steps_per_sample=max(p.thin // 2, 1))
+    return kernel, p.num_draws, p.warmup_draws, 2
+
+
+#: ContourSGLD's energy partition: bins placed from the warmup energies (``auto_bins``).
+CONTOUR_BINS = 100
+CONTOUR_ZETA = 0.75
+
+
+def _contour(model: ClassifierModel, ctx: Context) -> Built:
+    from pyro_flat.infer import ContourSGLD
+
+    s, p = ctx.settings, ctx.plan
+    kernel = ContourSGLD(model, step_size=s.lr / ctx.num_train, num_bins=CONTOUR_BINS,
+                         auto_bins=True, zeta=CONTOUR_ZETA, num_steps_per_sample=p.thin,
+                         temperature=s.temperature)
+    return kernel, p.num_draws, p.warmup_draws, 1
+
+
+def _l2e(model: ClassifierModel, ctx: Context) -> Built:
+    from pyro_flat.infer import L2E
+
+    s, p = ctx.settings, ctx.plan
+    kernel = L2E(model, num_steps_per_sample=p.thin, temperature=s.temperature)
+    return kernel, p.num_draws, p.warmup_draws, 1
+
+
+BUILDERS: dict[str, Callable[[ClassifierModel, Context], Built]] = {
+    "sgld": _sgld, "sghmc": _sghmc, "csgld": _csgld, "entropy": _entropy, "sasgld": _sasgld,
+    "contour": _contour, "l2e": _l2e,
+}
+
+
+def run_kernel(method: str, ctx: Context) -> Fit:
+    """Sample with the kernel of ``method``; the draws, the ArviZ export and the step count."""
+    import pyro
+    from pyro.infer import MCMC
+
+    from pyro_flat import to_arviz
+
+    pyro.clear_param_store()
+    pyro.set_rng_seed(ctx.seed)
+    net = ctx.bayesian()
+    model = ClassifierModel(net, ctx.settings.batch_size)
+    kernel, num_samples, warmup, grads_per_step = BUILDERS[method](model, ctx)
+    per_draw = getattr(kernel, "num_steps_per_sample", 1) * grads_per_step
+    bar = ctx.progress(per_draw * (num_samples + warmup), method)
+    last = [0]
+
+    def hook(kernel: Any, *_: Any) -> None:  # after every draw (warmup or kept)
+        done = getattr(kernel, "num_steps", 0) * grads_per_step
+        bar.update(done - last[0])
+        last[0] = done
+
+    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup, disable_progbar=True,
+                hook_fn=hook)
+    try:
+        mcmc.run(ctx.data.x_train, ctx.data.y_train)
+    finally:
+        bar.close()
+    samples = mcmc.get_samples()
+    if method == "entropy":  # the authors' model average: theta and theta_a draws
+        from pyro_flat.infer.mcmc.entropy import select_draws
+
+        samples = select_draws(samples, "both")
+    idata = to_arviz(mcmc)
+    weights = None
+    if method == "contour":  # importance weights back to the posterior: softmax(log_weight)
+        import torch
+
+        log_w = torch.as_tensor(idata.sample_stats["log_weight"].values).reshape(-1)
+        weights = torch.softmax(log_w.double(), 0)
+    return Fit(net, samples, kernel.num_steps * grads_per_step, idata=idata, weights=weights)
+
+
+METHODS = [
+    Method("sgld", "SGLD, step_size = lr/N (Welling & Teh 2011)", run_kernel),
+    Method("sghmc", "SGHMC = SGD with momentum 0.9 at rate lr*(1-0.9) plus noise "
+           "(Chen et al. 2014)", run_kernel),
+    Method("csgld", "cyclical SGLD: cosine cycles from 2*lr/N, first 80% of each cycle "
+           "noiseless, draws at the end of each cycle (Zhang et al. 2020)", run_kernel,
+           aliases=("cyclical-sgld", "cyclicalsgld", "cyclical_sgld")),
+    Method("entropy", "EntropyMCMC: SGLD coupled to a guiding copy, eta = 40*lr/N; "
+           "averages theta and guide draws (Li & Zhang 2023)", run_kernel),
+    Method("sasgld", "sharpness-aware SGLD, rho = 0.05, two gradients per step "
+           "(Nguyen et al. 2023)", run_kernel),
+    Method("contour", f"ContourSGLD: SGLD on the flattened target, {CONTOUR_BINS} energy "
+           f"bins from warmup, zeta = {CONTOUR_ZETA}; reweighted draws (Deng et al. 2020)",
+           run_kernel, requires=("ContourSGLD",)),
+    Method("l2e", "L2E: the learned sampler with its shipped meta-parameters "
+           "(Kim et al. 2024)", run_kernel, requires=("L2E",)),
+]

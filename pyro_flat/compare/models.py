@@ -1,0 +1,87 @@
+"""The networks and the Pyro likelihood that every method of ``pyro-flat compare`` shares."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from pyro_flat.compare.config import Settings
+
+#: Architectures accepted by ``--model``.
+MODELS = ("mlp", "cnn")
+
+
+class ClassifierModel:
+    """The Pyro model: ``Categorical(logits=net(x))`` on a minibatch of ``batch_size``.
+
+    A class rather than a closure so that it pickles (worker processes). The minibatch indices
+    are drawn first and the network runs outside the plate, so that its ``PyroSample`` priors
+    are not batched over the plate.
+    """
+
+    def __init__(self, net: torch.nn.Module, batch_size: int):
+        self.net = net
+        self.batch_size = batch_size
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        import pyro
+        import pyro.distributions as dist
+
+        plate = pyro.plate("data", x.shape[0], subsample_size=min(self.batch_size, x.shape[0]))
+        with plate as ind:
+            pass
+        logits = self.net(x[ind])
+        with plate:
+            pyro.sample("obs", dist.Categorical(logits=logits), obs=y[ind])
+
+
+def build_mlp(in_features: int, num_classes: int, hidden: Sequence[int]) -> torch.nn.Sequential:
+    """``in_features - hidden... - num_classes`` with ReLU between the linear layers."""
+    layers: list[torch.nn.Module] = []
+    width = in_features
+    for h in hidden:
+        layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
+        width = h
+    layers.append(torch.nn.Linear(width, num_classes))
+    return torch.nn.Sequential(*layers)
+
+
+def build_cnn(
+    length: int, num_classes: int, channels: Sequence[int], hidden: int = 100
+) -> torch.nn.Sequential:
+    """A small 1-D CNN for signals of ``length`` values (MNIST-1D).
+
+    The input ``(batch, length)`` is viewed as one channel; each entry of ``channels`` adds a
+    convolution (kernel 5, padding 2, stride 2) with ReLU, halving the length; then one
+    hidden linear layer of ``hidden`` units and the output layer. No normalisation layers, so
+    that every draw predicts without recomputed statistics.
+    """
+    layers: list[torch.nn.Module] = [torch.nn.Unflatten(1, (1, length))]
+    width, size = 1, length
+    for c in channels:
+        layers += [torch.nn.Conv1d(width, c, kernel_size=5, stride=2, padding=2), torch.nn.ReLU()]
+        width, size = c, (size - 1) // 2 + 1
+    layers += [torch.nn.Flatten(), torch.nn.Linear(width * size, hidden), torch.nn.ReLU(),
+               torch.nn.Linear(hidden, num_classes)]
+    return torch.nn.Sequential(*layers)
+
+
+def build_network(
+    name: str, in_features: int, num_classes: int, settings: Settings
+) -> torch.nn.Sequential:
+    """The plain (non-Bayesian) network ``--model name`` for inputs of ``in_features`` values."""
+    if name == "mlp":
+        return build_mlp(in_features, num_classes, settings.hidden)
+    if name == "cnn":
+        return build_cnn(in_features, num_classes, settings.channels)
+    raise ValueError(f"model must be one of {', '.join(MODELS)}, got {name!r}")
+
+
+def describe(name: str, in_features: int, num_classes: int, settings: Settings) -> str:
+    """A short description of the architecture, e.g. ``mlp 40-100-100-10``."""
+    if name == "mlp":
+        widths = [in_features, *settings.hidden, num_classes]
+        return "mlp " + "-".join(map(str, widths))
+    chans = "-".join(map(str, settings.channels))
+    return f"cnn conv1d {chans} (k5, s2), 100, {num_classes}"

@@ -1,0 +1,152 @@
+"""The output folder of ``pyro-flat compare``: checked before the run, written all at once after.
+
+Everything is written into a temporary folder next to the target, which is then renamed, so an
+interrupted or failed run leaves no half-written output behind; an existing folder is replaced
+only if it is empty or holds nothing but files ``compare`` writes.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pyro_flat.compare.evaluation import METRICS
+
+COLUMNS = ("method", *METRICS, "grad_evals", "draws", "wall_time_s", "status")
+#: Files ``compare`` writes (besides the draws); an output folder holding only these (and draws)
+#: may be replaced.
+RESULT_FILES = ("results.csv", "results.json", "results.md", "reliability.png",
+                "uncertainty.png", "loss_slices.png")
+DRAWS_PATTERN = "draws_{}.nc"
+
+
+def is_previous_output(path: Path) -> bool:
+    """Whether ``path`` is an empty folder or holds only files that ``compare`` writes."""
+    try:
+        entries = list(path.iterdir())
+    except OSError:
+        return False
+    prefix, suffix = DRAWS_PATTERN.split("{}")
+    for entry in entries:
+        name = entry.name
+        ours = name in RESULT_FILES or (name.startswith(prefix) and name.endswith(suffix))
+        if not (ours and entry.is_file() and not entry.is_symlink()):
+            return False
+    return True
+
+
+def output_problem(out: Path) -> str | None:
+    """Why ``out`` cannot be (re)written, or ``None`` if it can."""
+    if out.exists() or out.is_symlink():
+        if not out.is_dir() or out.is_symlink():
+            return f"{str(out)!r} exists and is not a folder"
+        if not is_previous_output(out):
+            return (f"{str(out)!r} exists and holds files pyro-flat did not write; choose a new "
+                    "or empty folder")
+    ancestor = out.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"cannot create {str(out)!r}: {str(ancestor)!r} is a file"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"cannot write into {str(ancestor)!r} (permission denied)"
+    return None
+
+
+def write_atomically(out: Path, write: Callable[[Path], Any]) -> None:
+    """Call ``write(folder)`` on a fresh folder next to ``out``, then move it to ``out``.
+
+    On any failure nothing is left behind: neither the temporary folder, nor parent folders
+    created for it, and a previous output at ``out`` is restored.
+    """
+    missing = []
+    parent = out.parent
+    while not parent.exists():
+        missing.append(parent)
+        parent = parent.parent
+    tmp = old = None
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private
+        write(tmp)
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            old.rmdir()
+            out.rename(old)
+        tmp.rename(out)
+        tmp = None
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+            old = None
+    except BaseException:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not out.exists():
+            old.rename(out)
+        for folder in missing:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    """A markdown table of the result rows."""
+    header = ("method", "accuracy", "NLL", "ECE", "Brier", "OOD AUROC", "sharpness",
+              "grad evals", "draws", "wall time (s)")
+
+    def number(value: Any, spec: str) -> str:
+        return "-" if value is None or value != value else format(value, spec)
+
+    lines = []
+    for r in rows:
+        failed = r.get("status", "ok") != "ok"
+        lines.append((
+            r["method"] + (" (failed)" if failed else ""),
+            *(number(r[k], ".4f") for k in METRICS),
+            number(r["grad_evals"], "d"), number(r["draws"], "d"),
+            number(r["wall_time_s"], ".1f"),
+        ))
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
+
+    def fmt(cells: Sequence[str]) -> str:
+        padded = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
+                  enumerate(zip(cells, widths, strict=True))]
+        return "| " + " | ".join(padded) + " |"
+
+    rule = "|" + "|".join(
+        "-" * (w + 1) + ":" if i else ":" + "-" * (w + 1) for i, w in enumerate(widths)
+    ) + "|"
+    return "\n".join([fmt(header), rule, *(fmt(line) for line in lines)])
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN (a failed method's metrics) as null: JSON has no NaN."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def write_results(folder: Path, rows: list[dict], meta: dict, draws: dict[str, Any]) -> None:
+    """``results.csv``, ``results.json``, ``results.md`` and the draws' netCDF files."""
+    with open(folder / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: row[k] for k in COLUMNS})
+    with open(folder / "results.json", "w") as f:
+        results = [{k: _json_safe(row[k]) for k in COLUMNS} for row in rows]
+        json.dump({**meta, "results": results}, f, indent=2, allow_nan=False)
+        f.write("\n")
+    (folder / "results.md").write_text(format_table(rows) + "\n")
+    for method, idata in draws.items():
+        idata.to_netcdf(str(folder / DRAWS_PATTERN.format(method)), engine="h5netcdf")

@@ -1,0 +1,36 @@
+"""Every method ``pyro-flat compare`` knows, in the order of the table.
+
+Each family file (:mod:`~pyro_flat.compare.mcmc`, :mod:`~pyro_flat.compare.svi`,
+:mod:`~pyro_flat.compare.swag`, :mod:`~pyro_flat.compare.ensemble`,
+:mod:`~pyro_flat.compare.sgd`) lists its :class:`~pyro_flat.compare.common.Method` s; a new
+method is a runner and one entry there (a new family: a new file added to ``FAMILIES``). A
+method whose class is not in :mod:`pyro_flat.infer` yet is *planned*: listed by ``--help`` and
+refused by ``--methods``, never run with a stand-in.
+"""
+
+from __future__ import annotations
+
+from pyro_flat.compare import ensemble, mcmc, sgd, svi, swag
+from pyro_flat.compare.common import Method
+
+FAMILIES = (mcmc, svi, swag, ensemble)
+#: The reference that every comparison includes, last in the table.
+BASELINE = "sgd"
+#: All methods by name, in table order (the reference last).
+ALL: dict[str, Method] = {m.name: m for family in (*FAMILIES, sgd) for m in family.METHODS}
+ALIASES = {alias: m.name for m in ALL.values() for alias in m.aliases}
+
+
+def implemented() -> list[str]:
+    """The methods that can run now (the reference excluded)."""
+    return [n for n, m in ALL.items() if n != BASELINE and m.available()]
+
+
+def planned() -> list[str]:
+    """Methods whose classes have not landed yet."""
+    return [n for n, m in ALL.items() if not m.available()]
+
+
+def canonical(name: str) -> str:
+    name = name.strip().lower().replace("_", "-")
+    return ALIASES.get(name, name)

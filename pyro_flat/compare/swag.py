@@ -1,0 +1,52 @@
+"""SWAG (Maddox et al. 2019) and F-SWAG (SWAG collected along SAM, Nguyen et al. 2023).
+
+The SGD reference's run (:func:`pyro_flat.compare.sgd.train_map`) with
+:class:`pyro_flat.infer.SWAG` collecting the parameters at the end of every draw interval after
+the warmup quarter, as the SGLD kernels keep their draws (the plan's ``num_draws`` snapshots,
+rank ``min(swag_max_rank, snapshots)``); the model average is over ``num_draws`` SWAG draws at
+covariance scale ``swag_scale`` (0.5, the authors' choice). F-SWAG takes SAM steps (``rho =
+0.05``), two gradients each: half the steps, collected at half the interval.
+"""
+
+from __future__ import annotations
+
+from pyro_flat.compare.common import Context, Fit, Method, stack_draws
+from pyro_flat.compare.sgd import train_map
+
+
+def run_swag(method: str, ctx: Context) -> Fit:
+    import pyro
+    import torch
+
+    from pyro_flat.infer import SWAG
+
+    sam = method == "fswag"
+    p, s = ctx.plan, ctx.settings
+    per = 2 if sam else 1
+    thin = max(p.thin // per, 1)
+    steps = thin * (p.warmup_draws + p.num_draws)
+    pyro.set_rng_seed(ctx.seed)
+    net = ctx.network()
+    swag = SWAG(net, max_rank=min(s.swag_max_rank, p.num_draws))
+
+    def collect(i: int) -> None:
+        if i > thin * p.warmup_draws and i % thin == 0:
+            swag.collect()
+
+    bar = ctx.progress(steps * per, method)
+    try:
+        train_map(ctx, net, steps, sam=sam, bar=bar, on_step=collect)
+    finally:
+        bar.close()
+    generator = torch.Generator().manual_seed(ctx.seed)
+    draws = [swag.sample(s.swag_scale, generator=generator) for _ in range(p.num_draws)]
+    return Fit(ctx.bayesian_copy(net), stack_draws(draws), steps * per,
+               notes={"snapshots": swag.num_snapshots, "rank": len(swag.deviations)})
+
+
+METHODS = [
+    Method("swag", "SWAG: SGD as the reference, one snapshot per draw interval after warmup, "
+           "rank <= 20, draws at scale 0.5 (Maddox et al. 2019)", run_swag),
+    Method("fswag", "F-SWAG: SWAG along SAM steps (rho 0.05, two gradients per step) "
+           "(Nguyen et al. 2023)", run_swag, requires=("SAM",), aliases=("f-swag",)),
+]
