@@ -1,0 +1,352 @@
+"""SharpnessAwareELBO: rho = 0 (and rho -> 0) is Trace_ELBO, the closed-form ascent step on a
+quadratic, a conjugate linear regression, AutoDelta = SAM on MAP, the name rule, bad input."""
+
+import math
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import SVI, Trace_ELBO
+from pyro.infer.autoguide import AutoDelta, AutoDiagonalNormal, AutoNormal
+from torch.distributions import constraints
+
+from pyro_flat.infer import SharpnessAwareELBO
+from pyro_flat.infer.svi.sharpness_elbo import default_mean_and_scale
+from pyro_flat.optim import SAM
+
+Z = 4.5  # standard errors, as in tests/harness.py
+
+
+# ------------------------------------------------------------------------------------ models
+
+def regression_model(x, y, batch=10):
+    """A vectorisable Bayesian linear regression with minibatches (random subsample)."""
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[1]]).to_event(1))
+    with pyro.plate("data", len(x), subsample_size=batch) as i:
+        pyro.sample("y", dist.Normal((w * x[i]).sum(-1), 0.5), obs=y[i])
+
+
+def handwritten_guide(x, y, batch=10):
+    d = x.shape[1]
+    loc = pyro.param("w_loc", torch.zeros(d, dtype=x.dtype))
+    scale = pyro.param("w_scale", torch.full((d,), 0.3, dtype=x.dtype),
+                       constraint=constraints.positive)
+    pyro.sample("w", dist.Normal(loc, scale).to_event(1))
+
+
+def make_guide(kind, model, *args):
+    guide = {"AutoNormal": lambda: AutoNormal(model, init_scale=0.3),
+             "AutoDiagonalNormal": lambda: AutoDiagonalNormal(model, init_scale=0.3),
+             "handwritten": lambda: handwritten_guide}[kind]()
+    pyro.set_rng_seed(123)
+    guide(*args)  # create the parameters
+    store = pyro.get_param_store()
+    with torch.no_grad():  # move them off their symmetric initial values
+        for name in store.keys():
+            store._params[name].add_(0.1 * torch.randn_like(store._params[name]))
+    return guide
+
+
+def regression_data(n=50, d=2, dtype=torch.float64):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, d, generator=g, dtype=dtype)
+    y = x @ torch.linspace(1.0, -1.0, d, dtype=dtype) + 0.5 * torch.randn(n, generator=g,
+                                                                          dtype=dtype)
+    return x, y
+
+
+def loss_and_grads(elbo, model, guide, *args, seed=7):
+    store = pyro.get_param_store()
+    for name in store.keys():
+        store._params[name].grad = None
+    pyro.set_rng_seed(seed)
+    loss = elbo.loss_and_grads(model, guide, *args)
+    after = torch.rand(1)  # the random stream after the call
+    return loss, {k: store._params[k].grad.clone() for k in store.keys()}, after
+
+
+GUIDES = ["AutoNormal", "AutoDiagonalNormal", "handwritten"]
+PARTICLES = [(1, False), (3, False), (3, True)]
+
+
+# ---------------------------------------------------------------------- reduce to Trace_ELBO
+
+@pytest.mark.parametrize("kind", GUIDES)
+@pytest.mark.parametrize("num_particles,vectorize", PARTICLES)
+def test_rho_zero_is_trace_elbo(kind, num_particles, vectorize):
+    x, y = regression_data()
+    guide = make_guide(kind, regression_model, x, y)
+    kw = dict(num_particles=num_particles, vectorize_particles=vectorize)
+    ref = loss_and_grads(Trace_ELBO(**kw), regression_model, guide, x, y)
+    got = loss_and_grads(SharpnessAwareELBO(rho=0.0, **kw), regression_model, guide, x, y)
+    assert got[0] == ref[0]
+    assert got[1].keys() == ref[1].keys()
+    for k in ref[1]:
+        assert torch.equal(got[1][k], ref[1][k]), k
+    assert torch.equal(got[2], ref[2])
+
+
+@pytest.mark.parametrize("kind", GUIDES)
+@pytest.mark.parametrize("num_particles,vectorize", PARTICLES)
+def test_tiny_rho_replays_the_same_noise_and_minibatch(kind, num_particles, vectorize):
+    """The two-pass path with rho -> 0 must reproduce Trace_ELBO: only if the second pass reuses
+    the first pass's guide noise and minibatch (a fresh draw changes the gradients at O(1))."""
+    x, y = regression_data()
+    guide = make_guide(kind, regression_model, x, y)
+    kw = dict(num_particles=num_particles, vectorize_particles=vectorize)
+    ref = loss_and_grads(Trace_ELBO(**kw), regression_model, guide, x, y)
+    got = loss_and_grads(SharpnessAwareELBO(rho=1e-9, **kw), regression_model, guide, x, y)
+    assert got[0] == pytest.approx(ref[0], rel=1e-12)
+    for k in ref[1]:
+        # the gradient moves by |H e| <= ||H|| rho: far below 1e-6 here
+        assert torch.allclose(got[1][k], ref[1][k], rtol=1e-6, atol=1e-6), k
+    assert torch.equal(got[2], ref[2])  # the random stream continues as after Trace_ELBO
+
+
+# ------------------------------------------------------------- closed form on a quadratic
+
+def quadratic_target(dim=3):
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(dim, dim, generator=g, dtype=torch.float64)
+    h = a @ a.T + torch.eye(dim, dtype=torch.float64)
+    m = torch.randn(dim, generator=g, dtype=torch.float64)
+    return h, m
+
+
+def quadratic_model(h, m):
+    # -log p(w) = (w - m)^T H (w - m) / 2 + const: gradient H (w - m), Hessian H
+    pyro.sample("w", dist.MultivariateNormal(m, precision_matrix=h))
+
+
+MEAN_AND_SCALE = {"AutoNormal": ("AutoNormal.locs.w", "AutoNormal.scales.w"),
+                  "AutoDiagonalNormal": ("AutoDiagonalNormal.loc", "AutoDiagonalNormal.scale"),
+                  "handwritten": ("w_loc", "w_scale")}
+
+
+def quadratic_guide(h, m):
+    handwritten_guide(torch.zeros(1, len(m), dtype=m.dtype), None)
+
+
+@pytest.mark.parametrize("geometry", [False, True])
+@pytest.mark.parametrize("kind", GUIDES)
+def test_ascent_step_has_the_closed_form_direction_and_length(kind, geometry):
+    h, m = quadratic_target()
+    model = quadratic_model
+    guide = {"handwritten": lambda: quadratic_guide}.get(kind, lambda: None)()
+    if guide is None:
+        guide = AutoNormal(model, init_scale=0.3) if kind == "AutoNormal" else \
+            AutoDiagonalNormal(model, init_scale=0.3)
+    pyro.set_rng_seed(0)
+    guide(h, m)
+    store = pyro.get_param_store()
+    loc_name, scale_name = MEAN_AND_SCALE[kind]
+    with torch.no_grad():
+        store._params[loc_name].add_(torch.tensor([0.5, -0.3, 0.2], dtype=torch.float64))
+    mu = store[loc_name].detach().clone()
+    sigma = store[scale_name].detach().clone()
+    # the guide's noise z at the seed the losses use (the guide runs first in Trace_ELBO)
+    pyro.set_rng_seed(7)
+    w = pyro.poutine.trace(guide).get_trace(h, m).nodes["w"]["value"]
+    z = (w - mu) / sigma
+    rho = 0.2
+    _, g0, _ = loss_and_grads(Trace_ELBO(), model, guide, h, m)
+    _, g1, _ = loss_and_grads(SharpnessAwareELBO(rho=rho, geometry=geometry), model, guide, h, m)
+    g = h @ (mu + sigma * z - m)  # the mean's gradient at mu (the entropy term has none)
+    assert torch.allclose(g0[loc_name], g, atol=1e-10)
+    d = 1.0 / sigma if geometry else torch.ones_like(sigma)
+    e = rho * d * g / torch.sqrt(g @ (d * g))
+    # direction D g and length rho in the ball's norm, recovered from the gradients alone
+    e_seen = torch.linalg.solve(h, g1[loc_name] - g0[loc_name])
+    assert torch.allclose(e_seen, e, atol=1e-10)
+    assert float(torch.sqrt(e_seen @ (e_seen / d))) == pytest.approx(rho, rel=1e-9)
+    # the scale takes its gradient at mu' (Danskin): d/dsigma = z * H(mu' + sigma z - m) - 1/sigma
+    raw = store._params[scale_name]
+    to_sigma = torch.distributions.transform_to(store._constraints[scale_name])
+    dsigma_du = torch.autograd.functional.jacobian(to_sigma, raw.detach()).diagonal()
+    expected = (z * (h @ (mu + e + sigma * z - m)) - 1.0 / sigma) * dsigma_du
+    assert torch.allclose(g1[scale_name], expected, atol=1e-9)
+    # the means are restored exactly
+    assert torch.equal(store[loc_name].detach(), mu)
+
+
+# --------------------------------------------------------------- conjugate linear regression
+
+@pytest.mark.slow
+def test_conjugate_regression_fit_stays_at_the_closed_form_posterior():
+    """Mean-field Gaussian SVI with a small rho on y = X b + N(0, 1), b ~ N(0, I).
+
+    Closed form: posterior precision L = I + X^T X, mean m = L^-1 X^T y; the mean-field optimum
+    has means m and scales 1 / sqrt(L_ii). With rho > 0 the means stay at m in expectation (at
+    mu = m the ascent step e(z) is odd in z, so E[L e] = 0), and the scale's stationarity
+    equation L_ii s + c - 1/s = 0 gains |c| = |E[z_i (L e)_i]| <= sqrt(2/pi) ||L||_2 rho, which
+    moves s by at most that over L_ii (its slope is >= L_ii). Tolerance: that bias plus Z
+    standard errors of the averaged final iterates (batch means over 10 batches).
+    """
+    g = torch.Generator().manual_seed(3)
+    n, d = 100, 3
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    y = x @ torch.tensor([1.0, -0.5, 0.25], dtype=torch.float64) + torch.randn(
+        n, generator=g, dtype=torch.float64)
+    lam = torch.eye(d, dtype=torch.float64) + x.T @ x
+    m = torch.linalg.solve(lam, x.T @ y)
+    s_mf = lam.diagonal().rsqrt()
+
+    def model(x, y):
+        b = pyro.sample("b", dist.Normal(torch.zeros(d, dtype=x.dtype), 1.0).to_event(1))
+        with pyro.plate("data", n):
+            pyro.sample("y", dist.Normal((b * x).sum(-1), 1.0), obs=y)
+
+    rho = 0.002
+    pyro.set_rng_seed(0)
+    guide = AutoNormal(model, init_scale=0.1)
+    elbo = SharpnessAwareELBO(rho=rho, num_particles=16, vectorize_particles=True)
+    svi = SVI(model, guide, pyro.optim.ClippedAdam({"lr": 0.02, "lrd": 0.999}), elbo)
+    locs, scales = [], []
+    for step in range(1500):
+        svi.step(x, y)
+        if step >= 700:
+            locs.append(guide.locs.b.detach().clone())
+            scales.append(guide.scales.b.detach().clone())
+    locs, scales = torch.stack(locs), torch.stack(scales)
+
+    def mean_and_se(v):
+        batches = v.reshape(10, -1, d).mean(1)
+        return v.mean(0), batches.std(0) / math.sqrt(10)
+
+    loc_hat, loc_se = mean_and_se(locs)
+    scale_hat, scale_se = mean_and_se(scales)
+    bias = math.sqrt(2 / math.pi) * float(torch.linalg.matrix_norm(lam, 2)) * rho \
+        / lam.diagonal()
+    assert ((loc_hat - m).abs() <= Z * loc_se + 1e-4).all(), (loc_hat, m, loc_se)
+    assert ((scale_hat - s_mf).abs() <= bias + Z * scale_se + 1e-4).all(), (
+        scale_hat, s_mf, bias, scale_se)
+    # the check can fail: the tolerance is well below the posterior's own spread
+    assert (Z * loc_se + 1e-4 < 0.2 * s_mf).all()
+
+
+# -------------------------------------------------------------------- AutoDelta: SAM on MAP
+
+def test_autodelta_map_step_equals_a_sam_step():
+    torch.manual_seed(0)
+    x = torch.randn(40, 3, dtype=torch.float64)
+    y = x @ torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64) + 0.3 * torch.randn(
+        40, dtype=torch.float64)
+
+    def model(x, y):
+        w = pyro.sample("w", dist.Normal(torch.zeros(3, dtype=x.dtype), 2.0).to_event(1))
+        s = pyro.sample("s", dist.LogNormal(torch.tensor(0.0, dtype=x.dtype), 1.0))
+        with pyro.plate("data", len(x)):
+            pyro.sample("y", dist.Normal((w * x).sum(-1), s), obs=y)
+
+    rho, lr = 0.1, 1e-3
+    guide = AutoDelta(model)
+    pyro.set_rng_seed(0)
+    guide(x, y)
+    store = pyro.get_param_store()
+    start = {k: store._params[k].detach().clone() for k in store.keys()}
+    # SAM in a plain torch loop on the same loss, -log p(theta, y), in the unconstrained space
+    theta = {k: v.clone().requires_grad_() for k, v in start.items()}
+    opt = SAM(list(theta.values()), torch.optim.SGD, rho=rho, lr=lr)
+
+    def closure():
+        opt.zero_grad()
+        w = theta["AutoDelta.w"]
+        s_raw = theta["AutoDelta.s"]
+        s = torch.distributions.transform_to(store._constraints["AutoDelta.s"])(s_raw)
+        data = {"w": w, "s": s}
+        loss = -pyro.poutine.trace(pyro.poutine.condition(model, data)).get_trace(
+            x, y).log_prob_sum()
+        loss.backward()
+        return loss
+
+    svi = SVI(model, guide, pyro.optim.SGD({"lr": lr}), SharpnessAwareELBO(rho=rho))
+    for _ in range(5):
+        opt.step(closure)
+        svi.step(x, y)
+    for k in start:
+        assert not torch.equal(store._params[k].detach(), start[k])
+        assert torch.allclose(store._params[k].detach(), theta[k].detach(), atol=1e-12), k
+
+
+# ------------------------------------------------------------------------ the rule, BN, input
+
+@pytest.mark.parametrize("name,delta,store,expected", [
+    ("AutoNormal.locs.net.0.weight", False, ["AutoNormal.scales.net.0.weight"],
+     (True, "AutoNormal.scales.net.0.weight")),
+    ("AutoNormal.scales.net.0.weight", False, [], (False, None)),
+    ("AutoDiagonalNormal.loc", False, ["AutoDiagonalNormal.scale"],
+     (True, "AutoDiagonalNormal.scale")),
+    ("w_loc", False, ["w_scale"], (True, "w_scale")),
+    ("bias_mu", False, ["bias_sigma"], (True, "bias_sigma")),
+    ("layer.weight_mean", False, ["layer.weight_std"], (True, "layer.weight_std")),
+    ("w_loc", False, [], (True, None)),
+    ("local_scale", False, [], (False, None)),
+    ("temperature", False, [], (False, None)),
+    ("AutoDelta.w", True, [], (True, None)),
+])
+def test_name_rule(name, delta, store, expected):
+    assert default_mean_and_scale(name, delta, store) == expected
+
+
+def test_overrides_choose_means_and_scales():
+    x, y = regression_data()
+    pyro.set_rng_seed(0)
+    handwritten_guide(x, y)
+    elbo = SharpnessAwareELBO(rho=0.1, geometry=True, mean_params=["w_loc"],
+                              scale_params={"w_loc": "w_scale"})
+    pyro.set_rng_seed(1)
+    elbo.loss_and_grads(regression_model, handwritten_guide, x, y)
+    with pytest.raises(ValueError, match="mean_params"):
+        SharpnessAwareELBO(rho=0.1, mean_params=["nope"]).loss_and_grads(
+            regression_model, handwritten_guide, x, y)
+
+
+def test_geometry_needs_scales():
+    x, y = regression_data()
+    guide = AutoDelta(regression_model)
+    with pytest.raises(ValueError, match="geometry=True needs a scale"):
+        SharpnessAwareELBO(rho=0.1, geometry=True).loss_and_grads(regression_model, guide, x, y)
+
+
+@pytest.mark.parametrize("rho", [-0.1, float("nan"), float("inf"), "big", None])
+def test_bad_rho(rho):
+    with pytest.raises(ValueError, match="rho"):
+        SharpnessAwareELBO(rho=rho)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="mean_params"):
+        SharpnessAwareELBO(mean_params="w_loc")
+    with pytest.raises(ValueError, match="batchnorm_modules"):
+        SharpnessAwareELBO(batchnorm_modules=[torch.nn.Linear(2, 2)])
+
+
+def test_batchnorm_statistics_move_once_per_step():
+    from pyro.nn import PyroModule, PyroSample
+
+    class Net(PyroModule):
+        def __init__(self):
+            super().__init__()
+            self.fc = PyroModule[torch.nn.Linear](3, 2)
+            self.fc.weight = PyroSample(dist.Normal(0.0, 1.0).expand([2, 3]).to_event(2))
+            self.bn = torch.nn.BatchNorm1d(2)
+
+        def forward(self, x, y):
+            out = self.bn(self.fc(x)).sum(-1)
+            with pyro.plate("data", len(x)):
+                pyro.sample("y", dist.Normal(out, 1.0), obs=y)
+
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 3), torch.randn(16)
+    stats = {}
+    for name, elbo in (("trace", Trace_ELBO()), ("sa", SharpnessAwareELBO(rho=0.5))):
+        pyro.clear_param_store()
+        torch.manual_seed(1)
+        net = Net()
+        guide = AutoNormal(net)
+        pyro.set_rng_seed(2)
+        elbo.loss_and_grads(net, guide, x, y)
+        stats[name] = (net.bn.running_mean.clone(), int(net.bn.num_batches_tracked))
+    assert torch.equal(stats["sa"][0], stats["trace"][0])
+    assert stats["sa"][1] == stats["trace"][1] == 2  # guide setup + one step
