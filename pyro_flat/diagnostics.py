@@ -2,7 +2,8 @@
 
 :func:`to_arviz` builds on :func:`arviz.from_dict` only (ArviZ 1.x has no ``from_pyro``), so the
 same code returns an ``InferenceData`` on ArviZ 0.x and a ``DataTree`` on ArviZ 1.x; the one
-version-specific call lives in :func:`_from_dict`.
+version-specific call lives in :func:`_from_dict`. The 1.x branch is tested on Python 3.11 through
+``arviz_base.from_dict``, which is what ArviZ 1.x exports as ``from_dict``.
 """
 
 from __future__ import annotations

@@ -280,3 +280,25 @@ def test_log_likelihood_needs_a_model():
     mcmc.run()
     with pytest.raises(ValueError, match="built from a model"):
         to_arviz(mcmc, log_likelihood=True)
+
+
+def test_arviz_1x_branch_builds_a_datatree(runs):
+    """ArviZ 1.x needs Python >= 3.12, but its ``from_dict`` lives in ``arviz_base``, which runs on
+    3.11: run ``to_arviz`` down its 1.x branch with ArviZ 1.x's ``from_dict`` in place."""
+    arviz_base = pytest.importorskip("arviz_base")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(az, "__version__", "1.0.0")
+        mp.setattr(az, "from_dict", arviz_base.from_dict)
+        tree = to_arviz(runs["sgld2"], dims={"w": ["feature"]}, thin=3, log_likelihood=True,
+                        observed_data=True)
+    assert type(tree).__name__ == "DataTree"
+    assert set(tree.children) == {"posterior", "sample_stats", "log_likelihood", "observed_data"}
+    assert tree["posterior"]["w"].dims == ("chain", "draw", "feature")
+    assert tree["posterior"]["w"].shape == (2, NUM_SAMPLES // 3, 3)
+    np.testing.assert_array_equal(tree["posterior"]["draw"].values, np.arange(0, NUM_SAMPLES, 3))
+    w = runs["sgld2"].get_samples(group_by_chain=True)["w"].numpy()
+    np.testing.assert_array_equal(tree["posterior"]["w"].values, w[:, ::3])
+    assert tree["sample_stats"]["diverging"].dtype == bool
+    assert tree["log_likelihood"]["y"].shape == (2, NUM_SAMPLES // 3, N)
+    assert tree.attrs["pyro_flat_kernel"] == "SGLD"
+    assert tree["sample_stats"].attrs["inference_library"] == "pyro"
