@@ -94,7 +94,9 @@ def bma_probs(
     runs on ``x`` in chunks of ``batch_size`` rows under ``torch.no_grad()``. Only a running
     sum of probabilities is kept, so memory is one chunk of activations plus the
     ``(num_data, num_classes)`` result, whatever the number of draws (unless
-    ``return_per_draw``). The global random state is left as it was.
+    ``return_per_draw``). The network runs on the device of ``x`` (put ``x`` where the model
+    is): draws kept elsewhere, e.g. MCMC draws on the CPU for a model on a GPU, are moved
+    there one at a time. The global random state is left as it was.
 
     Parameters
     ----------
@@ -150,7 +152,8 @@ def bma_probs(
     per_draw = None
     with torch.no_grad():
         for s in range(num_draws):
-            net_s = poutine.condition(model_net, data={k: v[s] for k, v in draws.items()})
+            draw = {k: v[s].to(x.device, non_blocking=True) for k, v in draws.items()}
+            net_s = poutine.condition(model_net, data=draw)
             for start in range(0, x.shape[0], batch_size):
                 logits = net_s(x[start : start + batch_size])
                 if not torch.is_tensor(logits) or logits.dim() != 2:
