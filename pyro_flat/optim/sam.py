@@ -12,6 +12,12 @@ ASAM, Kwon et al. 2021), the norm over all parameters of all groups together, an
 torch optimiser (SGD with momentum, Adam, ...) applied from :math:`\theta` with the gradient
 taken at :math:`\theta + e`. Deep ensembles, MC-dropout networks and SWAG collection trained
 with it are the F- variants of Nguyen et al. (2023).
+
+Pyro's :class:`~pyro.infer.SVI` calls its optimiser once, after one ``loss_and_grads``, so a
+two-pass step cannot be a ``pyro.optim`` optimiser. In Pyro the sharpness-aware step is in the
+loss instead: :class:`~pyro_flat.infer.SharpnessAwareELBO` with an ``AutoDelta`` guide is SAM on
+the MAP objective with any ``pyro.optim`` optimiser (and with ``AutoNormal`` it is F-SGVB). This
+class is for plain torch training loops: ensembles of torch modules, MC dropout, SWAG.
 """
 
 from __future__ import annotations
