@@ -170,7 +170,7 @@ class SharpnessAwareELBO(Trace_ELBO):
     >>> x = torch.randn(50, 2); y = x @ torch.tensor([1.0, -1.0]) + 0.5 * torch.randn(50)
     >>> guide = AutoNormal(model)
     >>> svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.05}), SharpnessAwareELBO(rho=0.05))
-    >>> for _ in range(200):
+    >>> for _ in range(100):
     ...     loss = svi.step(x, y)
     >>> guide.median()["w"]  # doctest: +SKIP
     tensor([ 1.0041, -0.9779])
@@ -279,17 +279,25 @@ class SharpnessAwareELBO(Trace_ELBO):
         found.update({id(m): m for m in self.batchnorm_modules})
         return list(found.values())
 
+    def _backward(self, surrogate: Any, model_trace: Any, guide_trace: Any) -> None:
+        """Accumulate ``surrogate / P`` into the parameters, as ``Trace_ELBO`` does."""
+        trainable_params = any(site["type"] == "param" for trace in (model_trace, guide_trace)
+                               for site in trace.nodes.values())
+        if trainable_params and getattr(surrogate, "requires_grad", False):
+            (surrogate / self.num_particles).backward(retain_graph=self.retain_graph)
+
     def _sharp_particle(self, model, guide, args, kwargs, vectorized: bool) -> float:
         rng = get_rng_state()
         get = self._get_vectorized_trace if vectorized else self._get_trace
         model_trace, guide_trace = get(model, guide, args, kwargs)
         loss, surrogate = self._differentiable_loss_particle(model_trace, guide_trace)
-        means = self._means(guide, guide_trace)
-        trainable = [m for _, m, _ in means if m.requires_grad]
-        step = None
-        if trainable and getattr(surrogate, "requires_grad", False):
-            grads = torch.autograd.grad(surrogate, [m for _, m, _ in means], allow_unused=True)
-            step = self._ascent_step(list(grads), means)
+        means = [t for t in self._means(guide, guide_trace) if t[1].requires_grad]
+        if not (means and getattr(surrogate, "requires_grad", False)):
+            # nothing to perturb: this pass is Trace_ELBO's
+            self._backward(surrogate, model_trace, guide_trace)
+            return loss
+        grads = torch.autograd.grad(surrogate, [m for _, m, _ in means], allow_unused=True)
+        step = self._ascent_step(list(grads), means)
         del model_trace, guide_trace, surrogate
         saved = []
         if step is not None:
@@ -304,10 +312,7 @@ class SharpnessAwareELBO(Trace_ELBO):
             set_rng_state(rng)  # the same noise z (and minibatch) as the first pass
             model_trace, guide_trace = get(model, guide, args, kwargs)
             _, surrogate = self._differentiable_loss_particle(model_trace, guide_trace)
-            trainable_params = any(site["type"] == "param" for trace in (model_trace, guide_trace)
-                                   for site in trace.nodes.values())
-            if trainable_params and getattr(surrogate, "requires_grad", False):
-                (surrogate / self.num_particles).backward(retain_graph=self.retain_graph)
+            self._backward(surrogate, model_trace, guide_trace)
         finally:
             with torch.no_grad():
                 for (_, m, _), value in zip(means, saved, strict=False):

@@ -104,6 +104,17 @@ def test_tiny_rho_replays_the_same_noise_and_minibatch(kind, num_particles, vect
     assert torch.equal(got[2], ref[2])  # the random stream continues as after Trace_ELBO
 
 
+def test_no_means_is_trace_elbo():
+    x, y = regression_data()
+    guide = make_guide("AutoNormal", regression_model, x, y)
+    ref = loss_and_grads(Trace_ELBO(), regression_model, guide, x, y)
+    got = loss_and_grads(SharpnessAwareELBO(rho=0.5, mean_params=lambda name: False),
+                         regression_model, guide, x, y)
+    assert got[0] == ref[0]
+    for k in ref[1]:
+        assert torch.equal(got[1][k], ref[1][k]), k
+
+
 # ------------------------------------------------------------- closed form on a quadratic
 
 def quadratic_target(dim=3):
