@@ -38,7 +38,7 @@ def validation_tasks(num: int, seed: int = 12345):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--outer-steps", type=int, default=600)
+    p.add_argument("--outer-steps", type=int, default=500)
     p.add_argument("--inner-steps", type=int, default=400)
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--num-val-tasks", type=int, default=8)

@@ -9,8 +9,7 @@ from pyro_flat.infer.mcmc import (
     EntropyMCMC,
     SGMCMCKernel,
 )
-from pyro_flat.infer.svi import HWA, SWAG, SharpnessAwareELBO
+from pyro_flat.infer.svi import HWA, SWAG
 
 __all__ = ["SGMCMCKernel", "SGLD", "SGHMC", "CyclicalSGLD", "EntropyMCMC", "SASGLD", "L2E",
-           "HWA", "SWAG",
-           "SharpnessAwareELBO"]
+           "HWA", "SWAG"]

@@ -61,8 +61,8 @@ class MetaTrainConfig:
     ``step_mult`` sets the step size of every inner run as :math:`\\epsilon =
     \\sqrt{\\text{step\\_mult} / N}` (the authors' convention, with the task's own ``N``);
     ``temperature`` is that of :class:`pyro_flat.infer.L2E` (noise variance ``2 C eps T``).
-    ``init_planted`` and ``init_scale`` are the arguments of :meth:`MetaNet.init` for the
-    starting point.
+    ``init_planted``, ``init_descent`` and ``init_scale`` are the arguments ``planted``,
+    ``descent`` and ``scale`` of :meth:`MetaNet.init` for the starting point.
     """
 
     outer_steps: int = 1000
@@ -76,7 +76,8 @@ class MetaTrainConfig:
     step_mult: float = 2.0
     temperature: float = 1.0
     loss_cap: float = 10.0
-    init_planted: float = 30.0
+    init_planted: float = 3.0
+    init_descent: float = 30.0
     init_scale: float = 1.0
     seed: int = 0
 
@@ -88,6 +89,7 @@ class MetaTrainConfig:
             validation.positive(name, getattr(self, name))
         validation.nonnegative("temperature", self.temperature)
         validation.nonnegative("init_planted", self.init_planted)
+        validation.nonnegative("init_descent", self.init_descent)
         validation.positive("init_scale", self.init_scale)
         validation.integer_at_least("seed", self.seed, 0)
         if self.num_snapshots * self.snapshot_every > self.inner_steps:
@@ -147,7 +149,7 @@ class MetaTrainer:
     task_sampler : callable, optional
         ``generator -> Task``; defaults to :func:`pyro_flat.infer.l2e_tasks.sample_task`.
     init : MetaNet, optional
-        Starting meta-parameters; default ``MetaNet.init(planted=config.init_planted)`` drawn
+        Starting meta-parameters; default ``MetaNet.init`` with the ``init_*`` settings, drawn
         from ``config.seed``.
     log : callable, optional
         Receives one progress line per outer step (``print`` by default, ``None`` for silence).
@@ -162,7 +164,7 @@ class MetaTrainer:
         self.generator = torch.Generator().manual_seed(config.seed)
         if init is None:
             init = MetaNet.init(self.generator, planted=config.init_planted,
-                                scale=config.init_scale)
+                                descent=config.init_descent, scale=config.init_scale)
         self.phi = init.to_flat().detach().clone().requires_grad_()
         self.optimizer = torch.optim.Adam([self.phi], lr=config.lr)
         self.num_steps = 0

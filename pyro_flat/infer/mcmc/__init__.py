@@ -2,7 +2,8 @@
 
 from pyro_flat.infer.mcmc.base import SGMCMCKernel
 from pyro_flat.infer.mcmc.entropy import EntropyMCMC
+from pyro_flat.infer.mcmc.l2e import L2E
 from pyro_flat.infer.mcmc.sgld import SGHMC, SGLD, CyclicalSGLD
 from pyro_flat.infer.mcmc.sharpness import SASGLD
 
-__all__ = ["SGMCMCKernel", "SGLD", "SGHMC", "CyclicalSGLD", "EntropyMCMC", "SASGLD"]
+__all__ = ["SGMCMCKernel", "SGLD", "SGHMC", "CyclicalSGLD", "EntropyMCMC", "SASGLD", "L2E"]

@@ -146,33 +146,38 @@ class MetaNet:
 
     @classmethod
     def init(cls, generator: torch.Generator | None = None, *, planted: float = 0.0,
-             scale: float = 1.0) -> MetaNet:
+             descent: float = 0.0, scale: float = 1.0) -> MetaNet:
         r"""Haiku's default initialisation (truncated normal of standard deviation
-        ``scale / sqrt(fan_in)``, zero biases), optionally with a planted path.
+        ``scale / sqrt(fan_in)``, zero biases), optionally with two planted paths.
 
         With ``planted = k > 0``, hidden units 0 and 1 of both layers carry ``relu(r)`` and
-        ``relu(-r)`` of the normalised momentum feature and ``o_2 += k (h_0 - h_1)``, so that
-        :math:`\beta = 10^{-3} k\, r / \mathrm{rms}(r)` plus the random part: the gradient of the
-        kinetic energy :math:`10^{-3} k \sqrt{n}\,\lVert r \rVert` per tensor, the closest to the
+        ``relu(-r)`` of the normalised momentum feature and ``o_2 += k (h_0 - h_1)``: the part
+        :math:`10^{-3} k\, r / \mathrm{rms}(r)` of :math:`\beta` is the gradient of the kinetic
+        energy :math:`10^{-3} k \sqrt{n}\,\lVert r \rVert` per tensor, the closest to the
         standard :math:`\tfrac12 \lVert r \rVert^2` that scale-free features can express.
+        With ``descent = k' > 0``, units 2 and 3 do the same with the gradient average
+        :math:`m_{0.9}` and ``o_2 -= k' (h_2 - h_3)``: a normalised-momentum descent step
+        :math:`-10^{-3} k' m_{0.9} / \mathrm{rms}(m_{0.9})`.
         """
         weights = []
         for a, b in zip(LAYER_SIZES[:-1], LAYER_SIZES[1:], strict=True):
             w = torch.empty(a, b)
             torch.nn.init.trunc_normal_(w, std=1.0, a=-2.0, b=2.0, generator=generator)
             weights.append([w * (scale / math.sqrt(a)), torch.zeros(b)])
-        if planted:
-            r = FEATURES.index("r")
-            (w0, _), (w1, _), (w2, _) = weights
-            w0[:, :2] = 0.0
-            w0[r, 0], w0[r, 1] = 1.0, -1.0
-            w1[:, :2] = 0.0
-            w1[:2, :] = 0.0
-            w1[0, 0], w1[1, 1] = 1.0, 1.0
-            w2[:2, :] = 0.0
-            w2[0, 1], w2[1, 1] = planted, -planted
+        (w0, _), (w1, _), (w2, _) = weights
+        for units, feature, gain in (((0, 1), "r", planted), ((2, 3), "m_0.9", -descent)):
+            if not gain:
+                continue
+            i, j = units
+            c = FEATURES.index(feature)
+            w0[:, i], w0[:, j] = 0.0, 0.0
+            w0[c, i], w0[c, j] = 1.0, -1.0
+            w1[:, i], w1[:, j], w1[i, :], w1[j, :] = 0.0, 0.0, 0.0, 0.0
+            w1[i, i], w1[j, j] = 1.0, 1.0
+            w2[i, :], w2[j, :] = 0.0, 0.0
+            w2[i, 1], w2[j, 1] = gain, -gain
         return cls([tuple(wb) for wb in weights], {"init": "haiku", "planted": planted,
-                                                   "scale": scale})
+                                                   "descent": descent, "scale": scale})
 
     # ------------------------------------------------------------------ files
 

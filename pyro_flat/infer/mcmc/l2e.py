@@ -1,0 +1,195 @@
+"""L2E: SG-MCMC with meta-learned kinetic-energy gradients (Learning to Explore)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from pyro_flat import validation
+from pyro_flat.infer.mcmc.base import SGMCMCKernel
+from pyro_flat.infer.mcmc.l2e_net import (
+    FRICTION,
+    L2EState,
+    LearnedKinetic,
+    MetaNet,
+    StandardKinetic,
+    as_meta_net,
+    l2e_step_,
+)
+
+
+class L2E(SGMCMCKernel):
+    r"""Learning to Explore: momentum SG-MCMC whose kinetic-energy gradients come from a small
+    meta-learned network shared by all parameters.
+
+    Target :math:`\pi_T(\theta) \propto \exp(-U(\theta)/T)` when :math:`(\alpha, \beta)` are the
+    gradients :math:`(\nabla_\theta g, \nabla_r g)` of a kinetic energy :math:`g`; the learned
+    network is not constrained to be such a gradient, so with it the chain is a meta-learned
+    approximate sampler (as in the paper). One gradient and two evaluations of the network per
+    step (Kim et al. 2024, Eq. 6, as in the authors' ``algorithms/l2e.py``):
+
+    .. math::
+
+        r &\leftarrow r - \epsilon\,\big(\nabla \hat U(\theta) + \alpha + C \beta\big)
+            + \sqrt{2 C \epsilon T}\;\xi, \qquad \xi \sim \mathcal{N}(0, I) \\
+        \theta &\leftarrow \theta + \epsilon\, \beta'
+
+    where :math:`(\alpha, \beta) = 10^{-3}\,\mathrm{MLP}_\phi(\text{features}(\nabla \hat U / N,
+    \theta, r, m))` and :math:`\beta'` is re-evaluated with the new :math:`r`. The features of an
+    element are the mean-loss gradient :math:`\nabla \hat U / N`, the parameter, the momentum and
+    six moving averages :math:`m_d \leftarrow d\,m_d + (1-d)\nabla\hat U/N` (:math:`d \in
+    \{0.1, 0.5, 0.9, 0.99, 0.999, 0.9999\}`), each normalised over its Pyro site (the authors
+    normalise per parameter tensor): :math:`x/\sqrt{10^{-5} + \mathrm{mean}(x^2)}`. ``r`` and
+    ``m`` start at zero. See :mod:`pyro_flat.infer.mcmc.l2e_net`.
+
+    **Conversions.** The authors' code runs on the mean loss :math:`\ell` (with weight decay
+    ``wd``) and hard-codes :math:`N = 50000`: ``r <- r - eps (50000 grad l + alpha + C beta) +
+    sqrt(2 C noise_mult) xi`` with ``eps = sqrt(step_mult / 50000)``. Here
+    :math:`\nabla U = N \nabla \ell` with the model's own ``N`` (a prior of precision
+    :math:`N \cdot \mathrm{wd}`), and ``step_size=None`` means :math:`\epsilon = \sqrt{
+    \text{step\_mult} / N}`. The paper's noise is :math:`2 C \epsilon` (``temperature=1``, the
+    default here); the authors' ``2 C noise_mult`` is ``temperature = noise_mult / step_size``
+    (about 0.16 with their ``noise_mult = 1e-3``, ``step_mult = 2`` on CIFAR-10), a tempered
+    sampler: :meth:`authors_settings` gives those arguments. With ``kinetic_energy="standard"``
+    (:math:`g = \tfrac12\lVert r\rVert^2`: :math:`\alpha = 0`, :math:`\beta = r`) the step is
+    :class:`SGHMC`'s with ``friction = C``, unit mass.
+
+    Parameters
+    ----------
+    model : callable, optional
+        A Pyro model (or give ``potential_fn`` and ``initial_params``).
+    meta_params : MetaNet, path, mapping or None
+        The network's parameters: a :class:`~pyro_flat.infer.mcmc.l2e_net.MetaNet`, an
+        ``.npz`` file (this project's format or the authors' haiku layout ``linear_0.w`` ...),
+        a mapping of those names to arrays, or ``None`` for the parameters shipped with
+        pyro_flat (meta-trained by ``benchmarks/l2e_meta_train.py``).
+    step_size : float, optional
+        :math:`\epsilon` on ``U``; ``None`` gives :math:`\sqrt{\text{step\_mult}/N}`.
+    step_mult : float
+        The authors' step multiplier, used when ``step_size`` is ``None``; positive.
+    num_data : int, optional
+        ``N``, the dataset size; defaults to the size of the model's subsampled data plate.
+        Needed (with ``step_size=None``) when there is none; otherwise the features see
+        :math:`\nabla U` itself (``N = 1``).
+    friction : float
+        :math:`C > 0` (the authors' 0.1).
+    kinetic_energy : {"learned", "standard"}
+        ``"standard"`` replaces the network by :math:`g = \tfrac12\lVert r\rVert^2`.
+    **kwargs
+        The arguments of :class:`SGMCMCKernel` (``temperature``, ``subsample_size``,
+        ``num_steps_per_sample``, ``step_size_schedule``, ...).
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> from pyro.infer import MCMC
+    >>> from pyro_flat.infer import L2E
+    >>> def model(x, y):
+    ...     w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    ...     with pyro.plate("data", len(x), subsample_size=50) as i:
+    ...         pyro.sample("y", dist.Normal(x[i] @ w, 0.5), obs=y[i])
+    >>> x = torch.randn(500, 2); y = x @ torch.tensor([1.0, -2.0]) + 0.5 * torch.randn(500)
+    >>> kernel = L2E(model, num_steps_per_sample=10)  # shipped meta-parameters
+    >>> mcmc = MCMC(kernel, num_samples=50, warmup_steps=50, disable_progbar=True)
+    >>> mcmc.run(x, y)
+    >>> mcmc.get_samples()["w"].shape
+    torch.Size([50, 2])
+    >>> round(kernel.step_size, 4)  # sqrt(2 / 500)
+    0.0632
+
+    References
+    ----------
+    Kim, S., Kim, M. & Lee, J. (2024). Learning to explore for stochastic gradient MCMC.
+    arXiv:2408.09140. Code: github.com/ciao-seohyeon/l2e.
+    """
+
+    def __init__(
+        self,
+        model: Callable | None = None,
+        meta_params: Any = None,
+        step_size: float | None = None,
+        *,
+        step_mult: float = 2.0,
+        num_data: int | None = None,
+        friction: float = FRICTION,
+        kinetic_energy: str = "learned",
+        **kwargs: Any,
+    ):
+        self._auto_step_size = step_size is None and kwargs.get("step_size_schedule") is None
+        super().__init__(model, 1.0 if self._auto_step_size else step_size, **kwargs)
+        if self._auto_step_size:
+            self.step_size = None
+        self.step_mult = validation.positive("step_mult", step_mult)
+        self.num_data = None if num_data is None else validation.integer_at_least(
+            "num_data", num_data, 1)
+        self.friction = validation.positive("friction", friction)
+        if kinetic_energy not in ("learned", "standard"):
+            raise ValueError(f"kinetic_energy must be 'learned' or 'standard', got "
+                             f"{kinetic_energy!r}")
+        self.kinetic_energy = kinetic_energy
+        self.meta_net = as_meta_net(meta_params) if kinetic_energy == "learned" else None
+
+    @staticmethod
+    def authors_settings(num_data: int, step_mult: float = 2.0, noise_mult: float = 1e-3
+                         ) -> dict[str, float]:
+        """``step_size`` and ``temperature`` that reproduce the authors' noise ``2 C noise_mult``
+        and step ``sqrt(step_mult / N)``: ``L2E(model, **L2E.authors_settings(N))``."""
+        n = validation.integer_at_least("num_data", num_data, 1)
+        eps = math.sqrt(validation.positive("step_mult", step_mult) / n)
+        return {"step_size": eps,
+                "temperature": validation.nonnegative("noise_mult", noise_mult) / eps}
+
+    def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
+        super().setup(warmup_steps, *args, **kwargs)
+        self._n = self._data_size()
+        if self._auto_step_size:
+            self.step_size = math.sqrt(self.step_mult / self._data_size(strict=True))
+
+    def _data_size(self, strict: bool = False) -> int:
+        if self.num_data is not None:
+            return self.num_data
+        plate = getattr(getattr(self, "potential", None), "plate", None)
+        if plate is not None:
+            return int(plate.size)
+        if strict:
+            raise ValueError(
+                "step_size=None needs the dataset size N: pass num_data, or use a model that "
+                "subsamples a data plate (or subsample_size)"
+            )
+        return 1
+
+    # ------------------------------------------------------------------ kernel state
+
+    def init_kernel_state(self, z: torch.Tensor) -> None:
+        segments = [(s.offset, s.stop) for s in self._layout.sites]
+        self._state = L2EState.zeros(z, segments)
+        if self.kinetic_energy == "standard":
+            self._kinetic: StandardKinetic | LearnedKinetic = StandardKinetic()
+        else:
+            self._kinetic = LearnedKinetic(self.meta_net.to(z.dtype, z.device))
+
+    def kernel_state(self) -> dict[str, Any]:
+        return {"momentum": self._state.r, "grad_moments": self._state.moments.contiguous()}
+
+    def load_kernel_state(self, state: dict[str, Any]) -> None:
+        self._state.r.copy_(state["momentum"])
+        self._state.moments.copy_(state["grad_moments"])
+
+    def reset_kernel_state(self) -> None:
+        self._state.r.zero_()
+        self._state.moments.zero_()
+
+    def update(self, z: torch.Tensor, grad: torch.Tensor, step_size: float) -> None:
+        l2e_step_(z, self._state, grad, self._n, step_size, self.temperature, self._kinetic,
+                  self.friction)
+
+    @property
+    def momentum(self) -> torch.Tensor:
+        """The current momentum ``r`` (flat)."""
+        return self._state.r
+
+
+__all__ = ["L2E", "MetaNet"]
