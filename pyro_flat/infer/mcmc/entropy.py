@@ -106,6 +106,9 @@ class EntropyMCMC(SGMCMCKernel):
     """
 
     stat_names = SGMCMCKernel.stat_names + ("coupling_distance",)
+    #: Draw the guide's noise ahead on a worker thread (``None``: when a core is spare, see
+    #: :mod:`pyro_flat.infer.mcmc.noise`); the values are the same either way.
+    prefetch_noise: bool | None = None
 
     def __init__(
         self,
@@ -135,15 +138,14 @@ class EntropyMCMC(SGMCMCKernel):
 
     def init_kernel_state(self, z: torch.Tensor) -> None:
         self._guide = z.detach().clone()
-        self._diff = torch.empty_like(z)
-        self._guide_grad = torch.empty_like(z)
         self._noise = torch.empty_like(z)
         # theta_a's noise is independent of the step, so it is drawn ahead while the gradient
         # is computed (same values as drawing it here; see noise.py)
         if getattr(self, "_guide_noise", None) is not None:
             self._guide_noise.close()
-        self._guide_noise = PrefetchedNormal(z, self.aux_generator)
+        self._guide_noise = PrefetchedNormal(z, self.aux_generator, prefetch=self.prefetch_noise)
         if self.friction is not None:
+            self._guide_grad = torch.empty_like(z)
             self._momentum = torch.zeros_like(z)
             self._guide_momentum = torch.zeros_like(z)
 
@@ -187,18 +189,25 @@ class EntropyMCMC(SGMCMCKernel):
 
     def update(self, z: torch.Tensor, grad: torch.Tensor, step_size: float) -> None:
         k = self.coupling_strength
-        torch.sub(z, self._guide, out=self._diff)
-        grad.add_(self._diff, alpha=k)  # grad of the joint energy in theta; in theta_a: -k diff
         t = self.temperature
         if self.friction is None:
+            # The coupling moves theta and theta_a towards each other by w = eps k times their
+            # difference d = theta - theta_a: theta - w d = lerp(theta, theta_a, w), and then
+            # theta_a + w d = lerp(theta_a, theta', w / (1 - w)) with the moved theta', whose
+            # distance to theta_a is (1 - w) d. Two passes, no buffer for d.
+            w = step_size * k
+            if w > 0:
+                z.lerp_(self._guide, w)
+                self._guide.lerp_(z, w / (1.0 - w))
             langevin_step_(z, grad, step_size, t, self._noise)
-            # langevin_step_ on theta_a with gradient -k diff, written out to save one pass
-            self._guide.add_(self._diff, alpha=step_size * k)
             if t > 0:
                 noise = self._guide_noise.next()
                 self._guide.add_(noise, alpha=math.sqrt(2.0 * step_size * t))
         else:
-            torch.mul(self._diff, -k, out=self._guide_grad)
+            # gradient of the joint energy in theta_a: k (theta_a - theta); in theta: grad + that
+            torch.sub(self._guide, z, out=self._guide_grad)
+            grad.sub_(self._guide_grad, alpha=k)
+            self._guide_grad.mul_(k)
             c, m = self.friction, self.mass
             underdamped_step_(z, self._momentum, grad, step_size, c, m, t, self._noise)
             underdamped_step_(self._guide, self._guide_momentum, self._guide_grad, step_size,

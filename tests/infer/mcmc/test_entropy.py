@@ -116,6 +116,22 @@ def test_without_coupling_theta_is_sgld():
         assert not torch.equal(values, c.get_samples()[site])
 
 
+@pytest.mark.parametrize("friction", [None, 100.0])
+def test_prefetched_guide_noise_gives_the_same_draws(friction):
+    """The guide's noise drawn ahead on a worker thread, in blocks, or in line: same draws."""
+    x, y = harness.linear_regression_data()
+    model = harness.BayesianLinearRegression(2, 2.0, 1.0, batch_size=50)
+    runs = []
+    for prefetch in (True, False):
+        kernel = EntropyMCMC(model, step_size=1e-4, eta=1e-2, friction=friction,
+                             num_steps_per_sample=3)
+        kernel.prefetch_noise = prefetch
+        runs.append(harness.run(kernel, 30, 5, 4, x, y).get_samples())
+    assert runs[0].keys() == runs[1].keys()
+    for site, values in runs[0].items():
+        assert torch.equal(values, runs[1][site]), site
+
+
 def test_draws_stats_and_select_draws():
     x, y = harness.linear_regression_data()
     model = harness.BayesianLinearRegression(2, 2.0, 1.0, batch_size=50)
