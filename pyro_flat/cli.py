@@ -5,9 +5,10 @@ of gradient evaluations, plus a plain SGD/MAP network of the same architecture f
 and reports test accuracy, NLL, ECE, Brier score and OOD AUROC of the Bayesian model average,
 the mean sharpness of the draws, the gradient evaluations and the wall time; it prints one
 table and writes ``results.csv``, ``results.json`` and ``results.md``, the figures
-``reliability.png``, ``uncertainty.png`` and ``loss_slices.png``, and the draws of each MCMC
-method (``draws_<method>.nc``, ArviZ netCDF through :func:`pyro_flat.to_arviz`) into the
-output folder. The pieces live in :mod:`pyro_flat.compare`: settings and budget plan
+``reliability.png``, ``uncertainty.png`` and ``loss_slices.png``, and the draws of each method
+(``draws_<method>.nc``, ArviZ netCDF through :func:`pyro_flat.to_arviz`: the MCMC runs with
+their per-draw statistics; the guide, SWAG and ensemble draws and the SGD point as one chain)
+into the output folder. The pieces live in :mod:`pyro_flat.compare`: settings and budget plan
 (``config``), networks and likelihood (``models``), one runner file per family of methods
 (``mcmc``, ``svi``, ``swag``, ``ensemble``, ``sgd``), the shared evaluation, figures and
 output folder; this module is the command line.
@@ -43,7 +44,7 @@ Setup (the same for every method; see :class:`pyro_flat.compare.config.Settings`
   SWAG collects one snapshot per draw interval after the warmup quarter (rank up to 20) and
   predicts with draws at scale 0.5; an ensemble splits the budget among its members (4 in the
   quick budget, 5 in the full one).
-* SVI (Bayes by Backprop) fits a mean-field ``AutoNormal`` guide (initial scale 0.01, means
+* SVI (Bayes by Backprop) fits a mean-field ``AutoDiagonalNormal`` guide (initial scale 0.01, means
   from the network's initialisation) with ``Trace_ELBO`` and Adam at lr 1e-3, one particle;
   HWA runs that SVI for half the budget, then cycles the learning rate from 1e-3 down to 1e-4,
   averaging once per cycle; sharpness-aware SVI uses ``SharpnessAwareELBO`` (``rho = 0.05``).
@@ -62,9 +63,6 @@ Setup (the same for every method; see :class:`pyro_flat.compare.config.Settings`
   first 1,000 training points, ``rho = 0.05``; :func:`pyro_flat.flatness.sharpness`).
 * torch runs on one CPU thread by default (``--threads``): the small networks gain nothing
   from more, and lose a lot when the machine is busy.
-
-The draws of the variational, SWAG and ensemble methods are not written as netCDF:
-:func:`pyro_flat.to_arviz` exports :class:`pyro.infer.MCMC` runs only.
 
 Exit status: 0 on success; 1 if a method failed (its row says why, the others are written)
 or the results could not be written; 2 on a usage error (one line on stderr, nothing written).
@@ -226,7 +224,7 @@ def _build_parser() -> _Parser:
             "NLL, ECE, Brier score, OOD AUROC (predictive entropy) of the Bayesian model "
             "average, the mean sharpness of the draws, the gradient evaluations and the wall "
             "time; write results.csv/.json/.md, figures (reliability.png, uncertainty.png,\n"
-            "loss_slices.png) and the draws of each MCMC method (draws_<method>.nc, ArviZ "
+            "loss_slices.png) and the draws of each method (draws_<method>.nc, ArviZ "
             "netCDF) into the output folder. Step sizes come from one SGD learning rate "
             f"lr={s.lr:g} on the mean loss (SGLD step_size = lr/N). Full description: the "
             "docstring of pyro_flat.cli.\n\n" + _method_list()

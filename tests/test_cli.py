@@ -1,5 +1,6 @@
 import contextlib
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -11,10 +12,17 @@ import torch
 
 import pyro_flat
 from pyro_flat import cli
+from pyro_flat.compare import output, registry
 
-METHODS = ["sgld", "sghmc", "csgld", "entropy", "sasgld", "sgd"]
 HEADER = ("method", "accuracy", "NLL", "ECE", "Brier", "OOD AUROC", "sharpness", "grad evals",
           "draws", "wall time (s)")
+MCMC = {"sgld": "SGLD", "sghmc": "SGHMC", "csgld": "CyclicalSGLD", "entropy": "EntropyMCMC",
+        "sasgld": "SASGLD", "contour": "ContourSGLD", "l2e": "L2E"}
+BUDGET = 160  # 4 cycles of 40 steps: every method's rounding is exact at this budget
+#: Kept draws at BUDGET: 12 (4 warmup), twice that for EntropyMCMC (theta and guide), one
+#: network per ensemble member, one for SGD.
+DRAWS = {"entropy": 24, "ensemble": 4, "ensemble-sam": 4, "sgd": 1}
+SITES = {"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"}
 
 
 def run(argv):
@@ -35,71 +43,108 @@ def table_rows(stdout):
 
 
 @pytest.fixture(scope="module")
+def methods():
+    return [*registry.implemented(), "sgd"]
+
+
+@pytest.fixture(scope="module")
 def digits_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "results"
     code, stdout, stderr = run(
-        ["compare", "--dataset", "digits", "--budget", "60", "--out", str(out)]
+        ["compare", "--dataset", "digits", "--budget", str(BUDGET), "--out", str(out)]
     )
     return code, stdout, stderr, out
 
 
-def test_compare_prints_one_table(digits_run):
+def test_every_family_is_implemented():
+    implemented = registry.implemented()
+    for name in ("sgld", "sghmc", "csgld", "entropy", "sasgld", "svi", "hwa", "swag", "fswag",
+                 "ensemble", "ensemble-sam"):
+        assert name in implemented
+    assert set(registry.planned()) <= {"contour", "l2e", "sa-elbo"}
+
+
+def test_compare_prints_one_table(digits_run, methods):
     code, stdout, stderr, _ = digits_run
     assert code == 0, stderr
     header, rows = table_rows(stdout)
     assert tuple(header) == HEADER
-    assert [r[0] for r in rows] == METHODS
+    assert [r[0] for r in rows] == methods
     for r in rows:
         acc, nll, ece, brier, auroc, sharp = map(float, r[1:7])
-        assert 0.5 < acc <= 1 and nll > 0 and 0 <= ece <= 1 and 0 <= brier <= 2
+        # 10 classes: chance is 0.1; every method has learnt something at 160 gradients
+        assert 0.3 < acc <= 1 and nll > 0 and 0 <= ece <= 1 and 0 <= brier <= 2, r
         assert 0 <= auroc <= 1 and math.isfinite(sharp)
-    # equal budget of gradient evaluations: 60, SASGLD's two per step rounded down to whole
-    # steps per draw (thin 5 -> 2 steps, 12 draws, 48 gradients)
-    assert [int(r[7]) for r in rows] == [60, 60, 60, 60, 48, 60]
-    assert [int(r[8]) for r in rows] == [9, 9, 9, 18, 9, 1]  # kept draws; one network for SGD
-    # one short progress line per method on stderr
-    assert sum(line.startswith("[") for line in stderr.splitlines()) == len(METHODS)
+        # an equal budget of gradient evaluations: exact at this budget for every method
+        # (SASGLD, F-SWAG, SA-ELBO: half the steps at two gradients; ensembles: 4 x 40 steps,
+        # 4 x 20 with SAM; HWA: 88 SVI steps and 12 cycles of 6)
+        assert int(r[7]) == BUDGET, r
+        assert int(r[8]) == DRAWS.get(r[0], 12), r
+    # one short progress line per method on stderr, no progress bar (not a terminal)
+    assert sum(line.startswith("[") for line in stderr.splitlines()) == len(methods)
+    assert "grad/s" not in stderr
 
 
-def test_compare_writes_csv_and_json(digits_run):
+def test_compare_writes_csv_json_and_markdown(digits_run, methods):
     code, stdout, _, out = digits_run
     assert code == 0
     with open(out / "results.csv", newline="") as f:
         reader = csv.DictReader(f)
         assert tuple(reader.fieldnames) == cli.COLUMNS
         csv_rows = list(reader)
-    assert [r["method"] for r in csv_rows] == METHODS
+    assert [r["method"] for r in csv_rows] == methods
     assert all(r["status"] == "ok" for r in csv_rows)
     result = json.loads((out / "results.json").read_text())
-    assert result["dataset"] == "digits" and result["budget"] == 60 and result["seed"] == 0
+    assert result["dataset"] == "digits" and result["budget"] == BUDGET and result["seed"] == 0
     assert result["pyro_flat_version"] == pyro_flat.__version__
-    assert result["architecture"] == [64, 100, 100, 10]
-    assert [r["method"] for r in result["results"]] == METHODS
+    assert result["architecture"] == "mlp 64-100-100-10"
+    assert result["method_notes"]["ensemble"] == {"members": 4, "steps_per_member": 40}
+    assert result["method_notes"]["hwa"]["snapshots"] == 12
+    assert [r["method"] for r in result["results"]] == methods
     _, table = table_rows(stdout)
+    assert (out / "results.md").read_text().splitlines()[2:] == [
+        line for line in stdout.splitlines() if line.startswith("|")][2:]
     for row_csv, row_json, row_table in zip(csv_rows, result["results"], table, strict=True):
         assert set(row_json) == set(cli.COLUMNS)
         assert float(row_csv["accuracy"]) == pytest.approx(row_json["accuracy"])
         assert float(row_table[1]) == pytest.approx(row_json["accuracy"], abs=5e-5)
-        expected = 48 if row_json["method"] == "sasgld" else 60  # see the test above
-        assert int(row_csv["grad_evals"]) == row_json["grad_evals"] == expected
+        assert int(row_csv["grad_evals"]) == row_json["grad_evals"] == BUDGET
 
 
-def test_compare_writes_draws_as_netcdf(digits_run):
+def test_compare_writes_draws_as_netcdf(digits_run, methods):
     _, _, _, out = digits_run
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["results.csv", "results.json", "draws_csgld.nc", "draws_sghmc.nc", "draws_sgld.nc",
-         "draws_entropy.nc", "draws_sasgld.nc"]
+        ["results.csv", "results.json", "results.md", "reliability.png", "uncertainty.png",
+         "loss_slices.png", *(f"draws_{m}.nc" for m in methods)]
     )
-    for method, kernel in [("sgld", "SGLD"), ("sghmc", "SGHMC"), ("csgld", "CyclicalSGLD"),
-                           ("entropy", "EntropyMCMC")]:
+    for method in methods:
         idata = az.from_netcdf(out / f"draws_{method}.nc")
-        sites = {"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"}
+        sites = set(SITES)
         if method == "entropy":  # the guiding variable comes with the draws
             sites |= {site + "__guide" for site in sites}
-        assert set(idata.posterior.data_vars) == sites
-        assert idata.posterior["0.weight"].shape == (1, 9, 100, 64)
-        assert {"lp", "step_size", "grad_norm", "diverging"} <= set(idata.sample_stats.data_vars)
-        assert idata.posterior.attrs["pyro_flat_kernel"] == kernel
+        assert set(idata.posterior.data_vars) == sites, method
+        draws = DRAWS.get(method, 12) // (2 if method == "entropy" else 1)
+        assert idata.posterior["0.weight"].shape == (1, draws, 100, 64), method
+        if method in MCMC:  # the kernel's per-draw statistics come along
+            assert {"lp", "step_size", "grad_norm", "diverging"} <= set(
+                idata.sample_stats.data_vars)
+            assert idata.posterior.attrs["pyro_flat_kernel"] == MCMC[method]
+
+
+def test_compare_draws_figures(digits_run):
+    _, _, _, out = digits_run
+    for name in ("reliability.png", "uncertainty.png", "loss_slices.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
+
+
+def test_svi_draws_come_from_a_fitted_guide(digits_run):
+    # the guide's draws differ from one another (a Gaussian, not a point) but stay near its
+    # mean: their spread is far below the prior's scale 3 / sqrt(64) = 0.375 for layer 0
+    idata = az.from_netcdf(digits_run[3] / "draws_svi.nc")
+    w = torch.as_tensor(idata.posterior["0.weight"].values)[0]
+    spread = w.std(0)
+    assert 0 < float(spread.mean()) < 0.1
 
 
 def test_rerun_replaces_a_previous_output(digits_run, tmp_path):
@@ -112,10 +157,23 @@ def test_rerun_replaces_a_previous_output(digits_run, tmp_path):
     code, stdout, stderr = run(["compare", "--dataset", "digits", "--budget", "20", "--methods",
                                 "csgld", "--out", str(out)])
     assert code == 0, stderr
-    assert sorted(p.name for p in out.iterdir()) == ["draws_csgld.nc", "results.csv",
-                                                     "results.json"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["draws_csgld.nc", "draws_sgd.nc", "results.csv", "results.json", "results.md",
+         "reliability.png", "uncertainty.png", "loss_slices.png"])
     assert [r[0] for r in table_rows(stdout)[1]] == ["csgld", "sgd"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]  # no temporary folders
+
+
+def test_cnn_on_mnist1d(tmp_path):
+    out = tmp_path / "cnn"
+    code, stdout, stderr = run(["compare", "--model", "cnn", "--budget", "20", "--methods",
+                                "sgld,svi", "--out", str(out)])
+    assert code == 0, stderr
+    assert [r[0] for r in table_rows(stdout)[1]] == ["sgld", "svi", "sgd"]
+    result = json.loads((out / "results.json").read_text())
+    assert result["dataset"] == "mnist1d" and result["model"] == "cnn"
+    idata = az.from_netcdf(out / "draws_sgld.nc")
+    assert idata.posterior["1.weight"].shape[2:] == (16, 1, 5)  # Conv1d(1, 16, 5)
 
 
 def one_error_line(stderr):
@@ -125,14 +183,20 @@ def one_error_line(stderr):
     return lines[0]
 
 
+@pytest.fixture
+def planned_swag(monkeypatch):
+    """SWAG as if its class had not landed yet."""
+    method = dataclasses.replace(registry.ALL["swag"], requires=("NoSuchClass",))
+    monkeypatch.setitem(registry.ALL, "swag", method)
+
+
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--methods", "sgld,contour,swag"],
-         "not implemented yet: contour, swag (implemented: sgld, sghmc, csgld, entropy, sasgld)"),
-        (["--methods", "ensembles"], "not implemented yet: ensembles"),
+        (["--methods", "sgld,swag"], "not implemented yet: swag (implemented: sgld, sghmc"),
         (["--methods", "sgld,nuts"], "unknown method(s) nuts"),
         (["--methods", ","], "name at least one of sgld, sghmc, csgld"),
+        (["--methods", "sgd"], "name at least one of sgld"),
         (["--dataset", "cifar10"], "argument --dataset: invalid choice: 'cifar10'"),
         (["--model", "resnet"], "argument --model: invalid choice: 'resnet'"),
         (["--budget", "0"], "argument --budget"),
@@ -142,17 +206,33 @@ def one_error_line(stderr):
         (["--budget", "19"], "integer >= 20"),
         (["--seed", "-1"], "argument --seed"),
         (["--device", "nonsense"], "argument --device"),
+        (["--device", "meta"], "unsupported device type 'meta'"),
         (["--threads", "0"], "argument --threads"),
+        (["--progress", "--no-progress"], "not allowed with argument"),
         (["--bogus"], "unrecognized arguments: --bogus"),
     ],
 )
-def test_bad_input_is_a_one_line_usage_error(tmp_path, args, expected):
+def test_bad_input_is_a_one_line_usage_error(tmp_path, planned_swag, args, expected):
     out = tmp_path / "out"
     code, stdout, stderr = run(["compare", "--budget", "20", "--out", str(out), *args])
     assert code == 2
     assert expected in one_error_line(stderr)
     assert stdout == ""
     assert list(tmp_path.iterdir()) == []  # nothing written, not even the folder
+
+
+def test_planned_methods_are_listed_and_left_out_by_default(planned_swag):
+    assert "swag" in registry.planned() and "swag" not in registry.implemented()
+    parser = cli._build_parser()
+    args = parser.parse_args(["compare"])
+    assert args.methods is None  # the default is resolved when the command runs
+    assert "swag" not in cli._methods(parser, ",".join(registry.implemented()))
+
+
+def test_method_aliases():
+    parser = cli._build_parser()
+    assert cli._methods(parser, "Cyclical_SGLD, BBB,ensembles,sgld,csgld") == [
+        "csgld", "svi", "ensemble", "sgld"]
 
 
 def test_output_folder_that_cannot_be_written(tmp_path):
@@ -181,7 +261,7 @@ def test_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
         (folder / "results.csv").write_text("half")
         raise OSError("disk full")
 
-    monkeypatch.setattr(cli, "_write_results", broken_writer)
+    monkeypatch.setattr(output, "write_results", broken_writer)
     out = tmp_path / "new" / "out"
     code, _, stderr = run(["compare", "--dataset", "digits", "--budget", "20", "--methods",
                            "sgld", "--out", str(out)])
@@ -191,14 +271,11 @@ def test_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
 
 
 def test_a_failing_method_is_reported_not_faked(tmp_path, monkeypatch):
-    real = cli.run_mcmc
+    def diverged(method, ctx):
+        raise RuntimeError("the chain diverged\nat step 3")
 
-    def flaky(method, *args, **kwargs):
-        if method == "sghmc":
-            raise RuntimeError("the chain diverged\nat step 3")
-        return real(method, *args, **kwargs)
-
-    monkeypatch.setattr(cli, "run_mcmc", flaky)
+    monkeypatch.setitem(registry.ALL, "sghmc",
+                        dataclasses.replace(registry.ALL["sghmc"], run=diverged))
     out = tmp_path / "out"
     code, stdout, stderr = run(["compare", "--dataset", "digits", "--budget", "20", "--methods",
                                 "sgld,sghmc", "--out", str(out)])
@@ -213,7 +290,14 @@ def test_a_failing_method_is_reported_not_faked(tmp_path, monkeypatch):
     assert not (out / "draws_sghmc.nc").exists() and (out / "draws_sgld.nc").exists()
 
 
-def test_version_and_help(capsys):
+def test_progress_bars_on_request(tmp_path):
+    code, _, stderr = run(["compare", "--dataset", "digits", "--budget", "20", "--methods",
+                           "sgld", "--progress", "--out", str(tmp_path / "o")])
+    assert code == 0
+    assert "sgld:" in stderr and "/20 [" in stderr and "grad/s" in stderr  # tqdm's bar
+
+
+def test_version_and_help(capsys, planned_swag):
     with pytest.raises(SystemExit) as exc:
         cli.main(["--version"])
     assert exc.value.code == 0
@@ -223,10 +307,12 @@ def test_version_and_help(capsys):
     assert exc.value.code == 0
     text = capsys.readouterr().out
     for option in ("--dataset", "--methods", "--budget", "--seed", "--device", "--out",
-                   "--model", "--threads"):
+                   "--model", "--threads", "--progress"):
         assert option in text
-    for name in cli.PLANNED:  # argparse may wrap a line after a hyphen
-        assert name in "".join(text.split())
+    lines = text.splitlines()
+    for name in registry.ALL:  # one line per method, planned ones marked
+        line = next(line for line in lines if line.startswith(f"  {name} "))
+        assert ("[planned: not implemented yet]" in line) == (name in registry.planned())
 
 
 def test_no_command_is_a_usage_error(capsys):
@@ -243,7 +329,7 @@ def test_threads_are_restored(tmp_path):
     assert code == 0 and torch.get_num_threads() == before
 
 
-@pytest.mark.parametrize("steps", [20, 60, 1001, 12_000])
+@pytest.mark.parametrize("steps", [20, 60, 1001, 4_000, 12_000])
 def test_plan_spends_the_same_budget_on_every_method(steps):
     plan = cli.make_plan(cli.Budget(steps=steps), cli.Settings().exploration_fraction)
     sgld_steps = plan.thin * (plan.num_draws + plan.warmup_draws)
@@ -256,14 +342,20 @@ def test_plan_spends_the_same_budget_on_every_method(steps):
 
 def test_quick_and_full_budgets():
     quick = cli.make_plan(cli.BUDGETS["quick"], 0.8)
-    assert quick.steps == 12_000 and quick.num_draws == 12
-    assert cli.make_plan(cli.BUDGETS["full"], 0.8).steps == 120_000
+    assert quick.steps == cli.BUDGETS["quick"].steps and quick.num_draws == 12
+    full = cli.make_plan(cli.BUDGETS["full"], 0.8)
+    assert full.steps == cli.BUDGETS["full"].steps and full.num_draws > quick.num_draws
 
 
 def test_model_pickles():
     net = cli.build_mlp(4, 3, (5,))
     model = pickle.loads(pickle.dumps(cli.ClassifierModel(net, 8)))
     assert model.batch_size == 8 and isinstance(model.net, torch.nn.Sequential)
+
+
+def test_cnn_shapes():
+    net = cli.build_cnn(40, 10, (16, 32))
+    assert net(torch.randn(3, 40)).shape == (3, 10)
 
 
 def test_table_formats_missing_values():

@@ -45,7 +45,7 @@ def _failed_row(start: float, err: BaseException) -> dict:
 
 def compare(opts: Options, settings: Settings, plan: Plan) -> int:
     """Run every method of ``opts`` and the reference; print the table; write the folder."""
-    from pyro_flat import __version__
+    from pyro_flat import __version__, to_arviz
     from pyro_flat.datasets import load_dataset
 
     data = load_dataset(opts.dataset, seed=opts.seed).to(opts.device)
@@ -65,6 +65,7 @@ def compare(opts: Options, settings: Settings, plan: Plan) -> int:
         try:
             fit = registry.ALL[name].run(name, ctx)
             ev: Evaluation = evaluate(fit, data, opts.seed)
+            idata = fit.idata if fit.idata is not None else to_arviz(fit.samples)
         except Exception as err:  # e.g. a chain that diverged: report it, keep the others
             row = _failed_row(start, err)
             _say(f"failed after {row['wall_time_s']:.1f} s: {row['status'][8:]}")
@@ -73,8 +74,7 @@ def compare(opts: Options, settings: Settings, plan: Plan) -> int:
                    "draws": len(next(iter(fit.samples.values()))),
                    "wall_time_s": time.perf_counter() - start, "status": "ok"}
             evaluations[name] = ev
-            if fit.idata is not None:
-                draws[name] = fit.idata
+            draws[name] = idata
             if fit.notes:
                 notes[name] = fit.notes
             _say(f"{row['wall_time_s']:.1f} s, accuracy {row['accuracy']:.3f}")

@@ -10,7 +10,7 @@ covariance scale ``swag_scale`` (0.5, the authors' choice). F-SWAG takes SAM ste
 
 from __future__ import annotations
 
-from pyro_flat.compare.common import Context, Fit, Method, stack_draws
+from pyro_flat.compare.common import Context, Fit, Method
 from pyro_flat.compare.sgd import train_map
 
 
@@ -39,8 +39,8 @@ def run_swag(method: str, ctx: Context) -> Fit:
     finally:
         bar.close()
     generator = torch.Generator().manual_seed(ctx.seed)
-    draws = [swag.sample(s.swag_scale, generator=generator) for _ in range(p.num_draws)]
-    return Fit(ctx.bayesian_copy(net), stack_draws(draws), steps * per,
+    draws = swag.draws(p.num_draws, s.swag_scale, generator=generator)
+    return Fit(ctx.bayesian_copy(net), draws, steps * per,
                notes={"snapshots": swag.num_snapshots, "rank": len(swag.deviations)})
 
 
