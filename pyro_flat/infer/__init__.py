@@ -5,11 +5,14 @@ from pyro_flat.infer.mcmc import (
     SASGLD,
     SGHMC,
     SGLD,
+    ContourSGLD,
     CyclicalSGLD,
     EntropyMCMC,
     SGMCMCKernel,
+    reweight,
 )
 from pyro_flat.infer.svi import HWA, SWAG
 
-__all__ = ["SGMCMCKernel", "SGLD", "SGHMC", "CyclicalSGLD", "EntropyMCMC", "SASGLD", "L2E",
+__all__ = ["SGMCMCKernel", "SGLD", "SGHMC", "CyclicalSGLD", "EntropyMCMC", "ContourSGLD",
+           "reweight", "SASGLD", "L2E",
            "HWA", "SWAG"]
