@@ -11,8 +11,9 @@ from pyro_flat.infer.mcmc import (
     SGMCMCKernel,
     reweight,
 )
-from pyro_flat.infer.svi import HWA, SWAG
+from pyro_flat.infer.svi import HWA, SWAG, LocalReparameterization, SharpnessAwareELBO
 
 __all__ = ["SGMCMCKernel", "SGLD", "SGHMC", "CyclicalSGLD", "EntropyMCMC", "ContourSGLD",
            "reweight", "SASGLD", "L2E",
-           "HWA", "SWAG"]
+           "HWA", "SWAG",
+           "SharpnessAwareELBO", "LocalReparameterization"]
