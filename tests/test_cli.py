@@ -164,14 +164,14 @@ def test_rerun_replaces_a_previous_output(digits_run, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]  # no temporary folders
 
 
-def test_cnn_on_mnist1d(tmp_path):
+def test_cnn(tmp_path):
     out = tmp_path / "cnn"
-    code, stdout, stderr = run(["compare", "--model", "cnn", "--budget", "20", "--methods",
-                                "sgld,svi", "--out", str(out)])
+    code, stdout, stderr = run(["compare", "--model", "cnn", "--dataset", "digits", "--budget",
+                                "20", "--methods", "sgld,svi", "--out", str(out)])
     assert code == 0, stderr
     assert [r[0] for r in table_rows(stdout)[1]] == ["sgld", "svi", "sgd"]
     result = json.loads((out / "results.json").read_text())
-    assert result["dataset"] == "mnist1d" and result["model"] == "cnn"
+    assert result["dataset"] == "digits" and result["model"] == "cnn"
     idata = az.from_netcdf(out / "draws_sgld.nc")
     assert idata.posterior["1.weight"].shape[2:] == (16, 1, 5)  # Conv1d(1, 16, 5)
 
@@ -362,3 +362,25 @@ def test_table_formats_missing_values():
     rows = [{"method": "sgld", **dict.fromkeys(cli.METRICS, math.nan), "grad_evals": None,
              "draws": None, "wall_time_s": 1.25, "status": "failed: x"}]
     assert table_rows(cli.format_table(rows))[1] == [["sgld (failed)", *["-"] * 8, "1.2"]]
+
+
+def test_importance_weights_enter_the_model_average():
+    from types import SimpleNamespace
+
+    from pyro_flat.compare.common import Fit
+    from pyro_flat.compare.evaluation import evaluate
+    from pyro_flat.nn import make_bayesian
+    from pyro_flat.predictive import bma_probs
+
+    torch.manual_seed(0)
+    net = make_bayesian(torch.nn.Linear(4, 3))
+    samples = {"weight": torch.randn(3, 3, 4), "bias": torch.randn(3, 3)}
+    x, y = torch.randn(50, 4), torch.randint(0, 3, (50,))
+    data = SimpleNamespace(x_train=x, y_train=y, x_test=x[:20], y_test=y[:20], x_ood=x[20:])
+    weights = torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64)
+    weighted = evaluate(Fit(net, samples, 1, weights=weights), data, seed=0)
+    second = {k: v[1:2] for k, v in samples.items()}
+    alone = evaluate(Fit(net, second, 1), data, seed=0)
+    assert torch.allclose(weighted.probs_test, bma_probs(net, second, x[:20]), atol=1e-6)
+    for key in ("accuracy", "nll", "ece", "sharpness"):
+        assert weighted.metrics[key] == pytest.approx(alone.metrics[key], abs=1e-6)
