@@ -131,6 +131,9 @@ class SharpnessAwareELBO(Trace_ELBO):
     those ``P`` particles). Both coincide for ``P = 1`` and both are ``Trace_ELBO`` at
     ``rho = 0``.
 
+    With :class:`~pyro_flat.infer.LocalReparameterization` wrapping model and guide, the replayed
+    random state also replays the pre-activation noise: that is F-SGVB-LRT.
+
     **Cost**: two forward and backward passes per particle (the first backward only to the
     means), so at most about twice ``Trace_ELBO`` (measured: ``benchmarks/sharpness_aware.py``).
     With ``rho = 0`` the second pass is skipped and loss and gradients are ``Trace_ELBO``'s
