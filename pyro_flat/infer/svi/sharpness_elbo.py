@@ -19,7 +19,7 @@ from typing import Any
 import pyro
 import torch
 from pyro.infer import Trace_ELBO
-from pyro.infer.autoguide import AutoDelta
+from pyro.infer.autoguide import AutoContinuous, AutoDelta, AutoNormal
 from pyro.util import get_rng_state, set_rng_state, warn_if_nan
 
 from pyro_flat import validation
@@ -37,20 +37,47 @@ _SCALE_TOKENS = frozenset({"scale", "scales", "sigma", "std"})
 _SPLIT = re.compile(r"([._])")
 
 
-def default_mean_and_scale(name: str, is_delta: bool, store_names: Iterable[str]) -> (
+def _autoguides(guide: Any) -> list[Any]:
+    if not isinstance(guide, torch.nn.Module):
+        return []
+    return [m for m in guide.modules() if isinstance(m, (AutoDelta, AutoNormal, AutoContinuous))]
+
+
+def default_mean_and_scale(name: str, store_names: Iterable[str], guide: Any = None) -> (
         tuple[bool, str | None]):
     """The documented rule: is guide parameter ``name`` a mean, and which parameter is its scale.
 
-    ``name`` is split into tokens at ``.`` and ``_``. It is a mean if it belongs to an
-    :class:`~pyro.infer.autoguide.AutoDelta` (``is_delta``; no scale), or if one of its tokens
-    is in :data:`MEAN_TOKENS` (``loc``, ``locs``, ``mu``, ``mean``) and none is a scale token
-    (``scale``, ``scales``, ``sigma``, ``std``). Its scale is the first existing parameter whose
-    name is ``name`` with that token replaced by a scale token (the *last* mean token is
-    replaced): ``AutoNormal.locs.x`` -> ``AutoNormal.scales.x``, ``AutoDiagonalNormal.loc`` ->
-    ``AutoDiagonalNormal.scale``, ``w_loc`` -> ``w_scale``, ``b_mu`` -> ``b_sigma``.
+    Parameters of Pyro's autoguides (``guide`` itself or any of its submodules, e.g. in an
+    ``AutoGuideList``) go by their structure, whatever the model's site names: every parameter
+    of an :class:`~pyro.infer.autoguide.AutoDelta` is a mean without a scale; ``{p}.locs.{site}``
+    of an :class:`~pyro.infer.autoguide.AutoNormal` named ``p`` is a mean with scale
+    ``{p}.scales.{site}``; ``{p}.loc`` of an ``AutoContinuous`` guide (``AutoDiagonalNormal``,
+    ``AutoMultivariateNormal``, ``AutoLowRankMultivariateNormal``, ...) is a mean with scale
+    ``{p}.scale``; their other parameters are not means.
+
+    Other (hand-written) parameters go by name: ``name`` is split into tokens at ``.`` and
+    ``_``; it is a mean if one of its tokens is in :data:`MEAN_TOKENS` (``loc``, ``locs``,
+    ``mu``, ``mean``) and none is a scale token (``scale``, ``scales``, ``sigma``, ``std``). Its
+    scale is the first existing parameter named as ``name`` with the last mean token replaced by
+    one of its scale tokens: ``w_loc`` -> ``w_scale``, ``b_mu`` -> ``b_sigma``,
+    ``layer.weight_mean`` -> ``layer.weight_std``.
     """
-    if is_delta:
-        return True, None
+    names = set(store_names)
+    for m in _autoguides(guide):
+        pre = f"{m._pyro_name}." if m._pyro_name else ""
+        if not name.startswith(pre):
+            continue
+        rest = name[len(pre):]
+        if isinstance(m, AutoDelta):
+            return True, None
+        if isinstance(m, AutoNormal):
+            if rest.startswith("locs."):
+                return True, pre + "scales." + rest[len("locs."):]
+            return False, None
+        if isinstance(m, AutoContinuous):
+            if rest == "loc":
+                return True, (pre + "scale") if pre + "scale" in names else None
+            return False, None
     parts = _SPLIT.split(name)
     tokens = [p.lower() for p in parts[::2]]
     if _SCALE_TOKENS.intersection(tokens):
@@ -59,7 +86,6 @@ def default_mean_and_scale(name: str, is_delta: bool, store_names: Iterable[str]
     if not hits:
         return False, None
     i = hits[-1]
-    names = set(store_names)
     original = parts[2 * i]
     for token in MEAN_TOKENS[tokens[i]]:
         candidate = token.upper() if original.isupper() else (
@@ -113,15 +139,15 @@ class SharpnessAwareELBO(Trace_ELBO):
     Monte Carlo estimate at :math:`w' = \mu' + \sigma z`: the entropy term does not depend on
     :math:`\mu`, the prior term moves with the likelihood, as in SASGLD.
 
-    **Which parameters are means, which are scales.** By name, with
-    :func:`default_mean_and_scale`: ``AutoNormal.locs.*`` / ``AutoNormal.scales.*``,
+    **Which parameters are means, which are scales** (:func:`default_mean_and_scale`): for Pyro's
+    autoguides by their structure, ``AutoNormal.locs.*`` / ``AutoNormal.scales.*``,
     ``AutoDiagonalNormal.loc`` / ``.scale`` (also ``AutoMultivariateNormal``,
     ``AutoLowRankMultivariateNormal``: their ``loc``, with ``scale`` as diagonal weight), every
-    parameter of an ``AutoDelta`` (then the loss is SAM on the MAP objective), and hand-written
-    names whose ``.``/``_``-separated tokens contain ``loc``, ``mu`` or ``mean`` (scale:
-    the same name with ``scale``, ``sigma`` or ``std``). ``mean_params`` (names, or a predicate
-    of the name) and ``scale_params`` (``{mean: scale}``) override the rule. The geometry variant
-    needs a scale for every mean; a missing one raises ``ValueError`` naming it.
+    parameter of an ``AutoDelta`` (then the loss is SAM on the MAP objective); for hand-written
+    guides by name, names whose ``.``/``_``-separated tokens contain ``loc``, ``mu`` or ``mean``
+    (scale: the same name with ``scale``, ``sigma`` or ``std``). ``mean_params`` (names, or a
+    predicate of the name) and ``scale_params`` (``{mean: scale}``) override the rule. The
+    geometry variant needs a scale for every mean; a missing one raises ``ValueError`` naming it.
 
     **Particles.** With ``num_particles = P`` run one after the other, every particle has its
     own :math:`z`, :math:`g` and :math:`\mu'`: the seed's :math:`\mathbb E_z \max`. With
@@ -217,16 +243,10 @@ class SharpnessAwareELBO(Trace_ELBO):
 
     def _classify(self, guide: Any, names: tuple[str, ...]) -> list[tuple[str, str | None]]:
         """``(mean, scale or None)`` for the means among the guide's parameters ``names``."""
-        store = pyro.get_param_store()
-        delta_prefixes = tuple(
-            (m._pyro_name + ".") if m._pyro_name else ""
-            for m in (guide.modules() if isinstance(guide, torch.nn.Module) else ())
-            if isinstance(m, AutoDelta)
-        )
+        store_names = list(pyro.get_param_store().keys())
         out = []
         for name in names:
-            is_delta = any(name.startswith(p) for p in delta_prefixes)
-            is_mean, scale = default_mean_and_scale(name, is_delta, store.keys())
+            is_mean, scale = default_mean_and_scale(name, store_names, guide)
             if self.mean_params is not None:
                 is_mean = (self.mean_params(name) if callable(self.mean_params)
                            else name in self.mean_params)

@@ -282,22 +282,38 @@ def test_autodelta_map_step_equals_a_sam_step():
 
 # ------------------------------------------------------------------------ the rule, BN, input
 
-@pytest.mark.parametrize("name,delta,store,expected", [
-    ("AutoNormal.locs.net.0.weight", False, ["AutoNormal.scales.net.0.weight"],
-     (True, "AutoNormal.scales.net.0.weight")),
-    ("AutoNormal.scales.net.0.weight", False, [], (False, None)),
-    ("AutoDiagonalNormal.loc", False, ["AutoDiagonalNormal.scale"],
-     (True, "AutoDiagonalNormal.scale")),
-    ("w_loc", False, ["w_scale"], (True, "w_scale")),
-    ("bias_mu", False, ["bias_sigma"], (True, "bias_sigma")),
-    ("layer.weight_mean", False, ["layer.weight_std"], (True, "layer.weight_std")),
-    ("w_loc", False, [], (True, None)),
-    ("local_scale", False, [], (False, None)),
-    ("temperature", False, [], (False, None)),
-    ("AutoDelta.w", True, [], (True, None)),
+@pytest.mark.parametrize("name,store,expected", [
+    ("w_loc", ["w_scale"], (True, "w_scale")),
+    ("bias_mu", ["bias_sigma"], (True, "bias_sigma")),
+    ("layer.weight_mean", ["layer.weight_std"], (True, "layer.weight_std")),
+    ("w_loc", [], (True, None)),
+    ("local_scale", [], (False, None)),
+    ("temperature", [], (False, None)),
 ])
-def test_name_rule(name, delta, store, expected):
-    assert default_mean_and_scale(name, delta, store) == expected
+def test_name_rule_for_handwritten_guides(name, store, expected):
+    assert default_mean_and_scale(name, store) == expected
+
+
+def test_autoguides_go_by_structure_not_site_names():
+    def model():
+        # site names holding "scale" / "loc" tokens must not confuse the rule
+        pyro.sample("noise_scale", dist.LogNormal(0.0, 1.0))
+        pyro.sample("loc", dist.Normal(0.0, 1.0))
+
+    cases = {AutoNormal: {"AutoNormal.locs.noise_scale": (True, "AutoNormal.scales.noise_scale"),
+                          "AutoNormal.locs.loc": (True, "AutoNormal.scales.loc"),
+                          "AutoNormal.scales.loc": (False, None)},
+             AutoDiagonalNormal: {"AutoDiagonalNormal.loc": (True, "AutoDiagonalNormal.scale"),
+                                  "AutoDiagonalNormal.scale": (False, None)},
+             AutoDelta: {"AutoDelta.noise_scale": (True, None), "AutoDelta.loc": (True, None)}}
+    for cls, expected in cases.items():
+        pyro.clear_param_store()
+        guide = cls(model)
+        guide()
+        names = list(pyro.get_param_store().keys())
+        assert set(expected) <= set(names)
+        for name, want in expected.items():
+            assert default_mean_and_scale(name, names, guide) == want, name
 
 
 def test_overrides_choose_means_and_scales():
