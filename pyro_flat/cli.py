@@ -58,11 +58,15 @@ Setup (the same for every method; see :class:`pyro_flat.compare.config.Settings`
   draws. The ``grad evals`` column is the minibatch gradients each method took (the kernels'
   one extra evaluation at the end, which fills in the last draw's ``lp`` statistic, is not
   counted). ``wall time`` covers building, sampling (or training), predicting and measuring the
-  sharpness and the loss slice.
+  sharpness and the loss slice; ``cpu_time_s`` in the CSV and JSON files is the CPU time of
+  the same work (all threads of the process), a better measure on a shared machine.
 * Sharpness: the mean over the draws of ``L(theta + rho g/|g|) - L(theta)`` (mean loss on the
   first 1,000 training points, ``rho = 0.05``; :func:`pyro_flat.flatness.sharpness`).
 * torch runs on one CPU thread by default (``--threads``): the small networks gain nothing
-  from more, and lose a lot when the machine is busy.
+  from more, and lose a lot when the machine is busy. Instead, ``--jobs`` methods run at a
+  time, each in its own worker process (default: one per core, up to 2; on the CPU only).
+  Every method seeds itself, so the numbers do not depend on ``--jobs``; the wall times of
+  methods that ran side by side include their contention for memory bandwidth.
 
 Exit status: 0 on success; 1 if a method failed (its row says why, the others are written)
 or the results could not be written; 2 on a usage error (one line on stderr, nothing written).
@@ -95,6 +99,8 @@ __all__ = [
 
 #: Data sets ``compare`` accepts: generated or shipped locally, no download.
 DATASETS = ("mnist1d", "digits")
+#: Methods run at a time by default: one per CPU core, up to 2.
+DEFAULT_JOBS = max(1, min(2, os.cpu_count() or 1))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -282,10 +288,18 @@ def _build_parser() -> _Parser:
             "as a signal, for MNIST-1D) (default: %(default)s)"
         ),
     )
+    compare_parser.add_argument(
+        "--jobs", default=DEFAULT_JOBS, type=_positive_int,
+        help=(
+            "methods run at a time, each in its own worker process with --threads threads "
+            "(CPU only; numbers do not depend on it: every method seeds itself); default: "
+            "%(default)s, one per core up to 2"
+        ),
+    )
     progress = compare_parser.add_mutually_exclusive_group()
     progress.add_argument(
         "--progress", dest="progress", action="store_true", default=None,
-        help="progress bars on stderr (default: when stderr is a terminal)",
+        help="progress bars on stderr when --jobs is 1 (default: when stderr is a terminal)",
     )
     progress.add_argument("--no-progress", dest="progress", action="store_false",
                           help="no progress bars")
@@ -307,6 +321,7 @@ def compare_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         argv=args.argv,
         threads=args.threads,
         progress=args.progress,
+        jobs=args.jobs,
     )
     budget = BUDGETS[args.budget] if isinstance(args.budget, str) else Budget(steps=args.budget)
     settings = Settings()

@@ -92,7 +92,8 @@ class Method:
     """One method of ``compare``: its name, one line for ``--help``, and its runner.
 
     ``requires`` names classes of :mod:`pyro_flat.infer` (or ``pyro_flat.optim``) the runner
-    needs; while one is missing the method is listed as planned and refused.
+    needs; while one is missing the method is listed as planned and refused. ``cost`` only
+    orders the work when methods run in parallel (the costliest first).
     """
 
     name: str
@@ -100,6 +101,7 @@ class Method:
     run: Callable[[str, Context], Fit]
     requires: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
+    cost: float = 1.0  # rough time per gradient evaluation, relative to SGLD (scheduling)
 
     def available(self) -> bool:
         import pyro_flat.infer

@@ -34,6 +34,8 @@ def _grid(n: int, panel: tuple[float, float] = (3.2, 2.8)) -> tuple:
 def write_figures(folder: Path, evaluations: dict[str, Evaluation], y_test: torch.Tensor,
                   dpi: int = 80) -> list[str]:
     """Draw the three figures into ``folder``; returns their file names (none if no method)."""
+    import matplotlib
+
     from pyro_flat import plots
 
     if not evaluations:
@@ -51,7 +53,11 @@ def write_figures(folder: Path, evaluations: dict[str, Evaluation], y_test: torc
     fig = plots.loss_slice({name: ev.loss_slice for name, ev in evaluations.items()},
                            ylabel="mean training loss")
     fig.set_size_inches(6.5, 4.5)
-    fig.axes[0].set_title("loss along a random direction through the last draw")
-    fig.axes[0].legend(fontsize="small", ncol=2)
+    ax = fig.axes[0]
+    colours = matplotlib.colormaps["tab20"]  # more methods than the default ten colours
+    for i, line in enumerate(ax.get_lines()):
+        line.set_color(colours(i % 20))
+    ax.set_title("loss along a random direction through the last draw")
+    ax.legend(fontsize="small", ncol=2)
     fig.savefig(folder / FIGURES[2], dpi=dpi)
     return list(FIGURES)

@@ -159,5 +159,5 @@ METHODS = [
            f"bins from warmup, zeta = {CONTOUR_ZETA}; reweighted draws (Deng et al. 2020)",
            run_kernel, requires=("ContourSGLD",)),
     Method("l2e", "L2E: the meta-learned sampler with its shipped meta-parameters, step "
-           "sqrt(2/N), friction 0.1 (Kim et al. 2024)", run_kernel, requires=("L2E",)),
+           "sqrt(2/N), friction 0.1 (Kim et al. 2024)", run_kernel, requires=("L2E",), cost=4.0),
 ]

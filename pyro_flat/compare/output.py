@@ -19,7 +19,8 @@ from typing import Any
 
 from pyro_flat.compare.evaluation import METRICS
 
-COLUMNS = ("method", *METRICS, "grad_evals", "draws", "wall_time_s", "status")
+#: Columns of ``results.csv`` and ``results.json`` (the printed table leaves out the CPU time).
+COLUMNS = ("method", *METRICS, "grad_evals", "draws", "wall_time_s", "cpu_time_s", "status")
 #: Files ``compare`` writes (besides the draws); an output folder holding only these (and draws)
 #: may be replaced.
 RESULT_FILES = ("results.csv", "results.json", "results.md", "reliability.png",

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,54 +32,140 @@ class Options:
     argv: list[str]
     threads: int = 1
     progress: bool | None = None  # None: bars when stderr is a terminal
+    jobs: int = 1  # methods run at a time, each in a worker process (CPU only)
 
 
 def _say(message: str, end: str = "\n") -> None:
     print(message, end=end, file=sys.stderr, flush=True)
 
 
-def _failed_row(start: float, err: BaseException) -> dict:
+def _failed_row(start: float, cpu: float, err: BaseException) -> dict:
     message = " ".join(f"{type(err).__name__}: {err}".split())
     return {**dict.fromkeys(METRICS, math.nan), "grad_evals": None, "draws": None,
-            "wall_time_s": time.perf_counter() - start, "status": f"failed: {message}"}
+            "wall_time_s": time.perf_counter() - start, "cpu_time_s": time.process_time() - cpu,
+            "status": f"failed: {message}"}
+
+
+#: What running one method gives: its row, its evaluation, its ArviZ draws and its notes (the
+#: last three ``None`` / empty if it failed).
+Outcome = tuple[dict, Evaluation | None, Any, dict]
+
+
+def run_method(name: str, ctx: Context) -> Outcome:
+    """Run, evaluate and export one method; a failure becomes a ``failed`` row."""
+    from pyro_flat import to_arviz
+
+    start, cpu = time.perf_counter(), time.process_time()
+    try:
+        fit = registry.ALL[name].run(name, ctx)
+        ev = evaluate(fit, ctx.data, ctx.seed)
+        idata = fit.idata if fit.idata is not None else to_arviz(fit.samples)
+    except Exception as err:  # e.g. a chain that diverged: report it, keep the others
+        return _failed_row(start, cpu, err), None, None, {}
+    row = {**ev.metrics, "grad_evals": fit.grad_evals,
+           "draws": len(next(iter(fit.samples.values()))),
+           "wall_time_s": time.perf_counter() - start,
+           "cpu_time_s": time.process_time() - cpu, "status": "ok"}
+    return row, ev, idata, fit.notes
+
+
+def warm_up(threads: int | None = None) -> None:
+    """Import what the runners import, so that no method's wall time includes it."""
+    import arviz  # noqa: F401
+    import pyro.infer  # noqa: F401
+    import pyro.infer.autoguide  # noqa: F401
+
+    import pyro_flat.diagnostics  # noqa: F401
+    import pyro_flat.flatness  # noqa: F401
+    import pyro_flat.infer  # noqa: F401
+    import pyro_flat.optim  # noqa: F401
+    import pyro_flat.predictive  # noqa: F401
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
+def _worker(name: str, ctx: Context, threads: int) -> Outcome:
+    """:func:`run_method` in a worker process (one per CPU core, ``--jobs``)."""
+    torch.set_num_threads(threads)
+    return run_method(name, ctx)
+
+
+def _summary(row: dict) -> str:
+    if row["status"] != "ok":
+        return f"failed after {row['wall_time_s']:.1f} s: {row['status'][8:]}"
+    return f"{row['wall_time_s']:.1f} s, accuracy {row['accuracy']:.3f}"
+
+
+def _label(name: str) -> str:
+    return "sgd (MAP reference)" if name == registry.BASELINE else name
+
+
+def _run_in_order(todo: list[str], ctx: Context, progress: bool | None) -> dict[str, Outcome]:
+    outcomes = {}
+    for i, name in enumerate(todo, 1):
+        _say(f"[{i}/{len(todo)}] {_label(name)} ...", end="\n" if progress else " ")
+        outcomes[name] = run_method(name, ctx)
+        _say(_summary(outcomes[name][0]))
+    return outcomes
+
+
+def _run_in_parallel(todo: list[str], ctx: Context, jobs: int, threads: int
+                     ) -> dict[str, Outcome]:
+    """Each method in one of ``jobs`` worker processes, the costliest first; no progress bars.
+
+    Every method seeds itself, so its numbers do not depend on the process it runs in.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    ctx = replace(ctx, show_progress=False)
+    order = sorted(todo, key=lambda n: -registry.ALL[n].cost)
+    outcomes: dict[str, Outcome] = {}
+    start = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)),
+                             mp_context=multiprocessing.get_context("spawn"),
+                             initializer=warm_up, initargs=(threads,)) as pool:
+        futures = {pool.submit(_worker, name, ctx, threads): name for name in order}
+        for i, future in enumerate(as_completed(futures), 1):
+            name = futures[future]
+            try:
+                outcomes[name] = future.result()
+            except Exception as err:  # the worker process died
+                outcomes[name] = (_failed_row(start, time.process_time(), err), None, None, {})
+            _say(f"[{i}/{len(todo)}] {_label(name)}: {_summary(outcomes[name][0])}")
+    return outcomes
 
 
 def compare(opts: Options, settings: Settings, plan: Plan) -> int:
     """Run every method of ``opts`` and the reference; print the table; write the folder."""
-    from pyro_flat import __version__, to_arviz
+    from pyro_flat import __version__
     from pyro_flat.datasets import load_dataset
 
     data = load_dataset(opts.dataset, seed=opts.seed).to(opts.device)
     arch = describe(opts.model, data.input_shape[0], data.num_classes, settings)
+    jobs = opts.jobs if opts.device.type == "cpu" else 1
     _say(
         f"pyro-flat compare: {data.name} ({data.num_train} train, {data.num_test} test, "
         f"{data.x_ood.shape[0]} OOD), {arch}, {plan.steps} gradient evaluations per method, "
         f"{plan.num_draws} kept draws, seed {opts.seed}"
+        + (f", {jobs} methods at a time" if jobs > 1 else "")
     )
     ctx = Context(data, settings, plan, opts.seed, opts.model, opts.progress)
-    rows, draws, evaluations, notes = [], {}, {}, {}
     todo = [*opts.methods, registry.BASELINE]
-    for i, name in enumerate(todo, 1):
-        label = "sgd (MAP reference)" if name == registry.BASELINE else name
-        _say(f"[{i}/{len(todo)}] {label} ...", end="\n" if opts.progress else " ")
-        start = time.perf_counter()
-        try:
-            fit = registry.ALL[name].run(name, ctx)
-            ev: Evaluation = evaluate(fit, data, opts.seed)
-            idata = fit.idata if fit.idata is not None else to_arviz(fit.samples)
-        except Exception as err:  # e.g. a chain that diverged: report it, keep the others
-            row = _failed_row(start, err)
-            _say(f"failed after {row['wall_time_s']:.1f} s: {row['status'][8:]}")
-        else:
-            row = {**ev.metrics, "grad_evals": fit.grad_evals,
-                   "draws": len(next(iter(fit.samples.values()))),
-                   "wall_time_s": time.perf_counter() - start, "status": "ok"}
-            evaluations[name] = ev
-            draws[name] = idata
-            if fit.notes:
-                notes[name] = fit.notes
-            _say(f"{row['wall_time_s']:.1f} s, accuracy {row['accuracy']:.3f}")
+    if jobs > 1 and len(todo) > 1:
+        outcomes = _run_in_parallel(todo, ctx, jobs, opts.threads)
+    else:
+        warm_up()
+        outcomes = _run_in_order(todo, ctx, opts.progress)
+    rows, draws, evaluations, notes = [], {}, {}, {}
+    for name in todo:  # the table keeps the order of the methods
+        row, ev, idata, note = outcomes[name]
         rows.append({"method": name, **row})
+        if ev is not None:
+            evaluations[name], draws[name] = ev, idata
+        if note:
+            notes[name] = note
 
     meta = {
         "pyro_flat_version": __version__,
@@ -95,6 +182,7 @@ def compare(opts: Options, settings: Settings, plan: Plan) -> int:
         "seed": opts.seed,
         "device": str(opts.device),
         "threads": opts.threads,
+        "jobs": jobs,
         "settings": asdict(settings),
         "plan": asdict(plan),
         "method_notes": notes,
