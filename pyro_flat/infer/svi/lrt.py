@@ -128,6 +128,7 @@ class LocalReparameterization:
 
     def __init__(self) -> None:
         self._draws: dict[int, tuple[weakref.ref, torch.Tensor, torch.Tensor]] = {}
+        # torch's own functions, which the patched versions call
         self._originals: dict[str, Callable] = {name: getattr(F, name) for name in _PATCHED}
 
     def guide(self, fn: Callable) -> Callable:
@@ -139,15 +140,15 @@ class LocalReparameterization:
 
         @functools.wraps(fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            self._originals = {name: getattr(F, name) for name in _PATCHED}
+            saved = {name: getattr(F, name) for name in _PATCHED}
             F.linear = self._linear
             for name in _PATCHED[1:]:
                 setattr(F, name, self._conv(self._originals[name]))
             try:
                 return fn(*args, **kwargs)
-            finally:
-                for name, original in self._originals.items():
-                    setattr(F, name, original)
+            finally:  # put back what was there, even if calls nest
+                for name, previous in saved.items():
+                    setattr(F, name, previous)
 
         return wrapped
 
