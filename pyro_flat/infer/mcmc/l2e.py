@@ -92,11 +92,11 @@ class L2E(SGMCMCKernel):
     ...     with pyro.plate("data", len(x), subsample_size=50) as i:
     ...         pyro.sample("y", dist.Normal(x[i] @ w, 0.5), obs=y[i])
     >>> x = torch.randn(500, 2); y = x @ torch.tensor([1.0, -2.0]) + 0.5 * torch.randn(500)
-    >>> kernel = L2E(model, num_steps_per_sample=10)  # shipped meta-parameters
-    >>> mcmc = MCMC(kernel, num_samples=50, warmup_steps=50, disable_progbar=True)
+    >>> kernel = L2E(model, num_steps_per_sample=5)  # shipped meta-parameters
+    >>> mcmc = MCMC(kernel, num_samples=20, warmup_steps=20, disable_progbar=True)
     >>> mcmc.run(x, y)
     >>> mcmc.get_samples()["w"].shape
-    torch.Size([50, 2])
+    torch.Size([20, 2])
     >>> round(kernel.step_size, 4)  # sqrt(2 / 500)
     0.0632
 

@@ -109,7 +109,7 @@ class MetaNet:
         for i, (w, b) in enumerate(self.weights):
             h = torch.addmm(b.to(h.dtype), h, w.to(h.dtype))
             if i < len(self.weights) - 1:
-                h = h.relu()
+                h = h.relu_()
         return h
 
     def to(self, dtype: torch.dtype | None = None, device: Any = None) -> MetaNet:
