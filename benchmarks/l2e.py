@@ -218,14 +218,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seeds", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     scale, seeds, rounds = (0.05, 1, 4) if args.quick else (1.0, args.seeds, args.rounds)
     methods = ["SGLD", "CyclicalSGLD", "L2E (ours)"] + (
         ["L2E (authors)"] if OFFICIAL.exists() else [])
-    timing = step_time(rounds, 2)
+    timing = step_time(rounds, 1)
     timing_md = "\n".join(
         f"| {clock} | {timing['num_params']} | {t['ms_SGLD']:.2f} | {t['ms_2 x meta-net']:.2f} | "
         f"{t['ms_L2E']:.2f} | {t['ratio']:.2f} [{t['ratio_q1']:.2f}, {t['ratio_q3']:.2f}] | "
