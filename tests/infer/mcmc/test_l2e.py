@@ -203,6 +203,17 @@ def test_default_step_size_uses_the_models_n_and_is_deterministic():
     assert len(stats["lp"]) == 10 and torch.isfinite(stats["lp"]).all()
 
 
+def test_kernel_pickles_for_worker_processes():
+    import pickle
+
+    x, y = regression_data()
+    kernel = L2E(regression_model, random_net(), num_steps_per_sample=2)
+    clone = pickle.loads(pickle.dumps(kernel))
+    a = harness.run(kernel, 5, 2, 0, x, y).get_samples()["w"]
+    b = harness.run(clone, 5, 2, 0, x, y).get_samples()["w"]
+    assert torch.equal(a, b)
+
+
 def test_authors_settings():
     s = L2E.authors_settings(50000, step_mult=2.0, noise_mult=1e-3)
     assert s["step_size"] == pytest.approx(math.sqrt(2 / 50000))
