@@ -73,8 +73,9 @@ class ContourSGLD(SGMCMCKernel):
       span :math:`\Delta` with the paper's gain but only :math:`\Delta/\zeta` with
       ``sa_power=1`` and a large :math:`\zeta` (the flattened target is then flat in energy,
       as with the paper's gain at :math:`\zeta = 1`). ALGORITHMS.md's toy B (a 76-nat
-      barrier at T = 50) crosses in 40,000 steps with ``zeta=20, sa_power=1`` and not in
-      100,000 with the paper's gain; the nine-mode toy A (a few nats) uses the paper's.
+      barrier at T = 50) crosses hundreds of times in 40,000 steps with ``zeta=20,
+      sa_power=1``; with ``zeta=1`` (either gain, also flat in energy) none of 8 chains
+      crossed in 100,000 steps. The nine-mode toy A (a few nats) uses the paper's gain.
     * **Weights.** The draw :math:`\theta_k` gets ``log_weight``
       :math:`= \zeta\log g[J(\hat U(\theta_k))]` with :math:`g` before the SA update with
       that energy (the :math:`g_k[J_k]` of the paper).
