@@ -66,6 +66,7 @@ class SWAG:
     """
 
     def __init__(self, params: Mapping[str, torch.Tensor] | torch.nn.Module, max_rank: int = 20):
+        self.module = params if isinstance(params, torch.nn.Module) else None
         if isinstance(params, torch.nn.Module):
             params = dict(params.named_parameters())
         if not isinstance(params, Mapping) or not params:
@@ -168,25 +169,45 @@ class SWAG:
         return self._unflat(self.mean.clone())
 
     @contextlib.contextmanager
-    def swapped(self, values: Mapping[str, torch.Tensor]) -> Iterator[None]:
+    def swapped(
+        self,
+        values: Mapping[str, torch.Tensor],
+        *,
+        batchnorm_inputs: torch.Tensor | None = None,
+        batch_size: int = 256,
+    ) -> Iterator[None]:
         """Write ``values`` into the live tensors for the duration of the block, then restore.
 
-        Recompute BatchNorm statistics inside the block for a network that has them
-        (:func:`pyro_flat.batchnorm.recompute_batchnorm`), as SWAG requires for each draw.
+        A sampled network has no BatchNorm statistics of its own: with ``batchnorm_inputs``
+        (usually the training inputs) the running statistics of the module's BatchNorm layers
+        are recomputed for ``values`` on entry (:func:`pyro_flat.batchnorm.recompute_batchnorm`,
+        in minibatches of ``batch_size``), as SWAG requires for each draw, and put back as they
+        were on exit. Needs SWAG built over a ``torch.nn.Module``.
         """
         missing = set(self.params) - set(values)
         if missing:
             raise ValueError(f"values lack {sorted(missing)}")
+        if batchnorm_inputs is not None and self.module is None:
+            raise ValueError("batchnorm_inputs needs SWAG built over a torch.nn.Module")
         saved = {n: p.detach().clone() for n, p in self.params.items()}
+        buffers = ({} if batchnorm_inputs is None else
+                   {n: b.clone() for n, b in self.module.named_buffers()})
         try:
             with torch.no_grad():
                 for n, p in self.params.items():
                     p.copy_(values[n])
+            if batchnorm_inputs is not None:
+                from pyro_flat.batchnorm import recompute_batchnorm
+
+                recompute_batchnorm(self.module, None, batchnorm_inputs, batch_size=batch_size)
             yield
         finally:
             with torch.no_grad():
                 for n, p in self.params.items():
                     p.copy_(saved[n])
+                if buffers:
+                    for n, b in self.module.named_buffers():
+                        b.copy_(buffers[n])
 
     def state_dict(self) -> dict[str, Any]:
         return {"mean": self.mean.clone(), "sq_mean": self.sq_mean.clone(),

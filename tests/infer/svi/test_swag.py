@@ -148,3 +148,24 @@ def test_bad_input(kwargs, match):
     with pytest.raises(ValueError, match="scale"):
         swag.sample(scale=-1.0)
     assert math.isfinite(float(swag.sample()["x"].sum()))
+
+
+def test_swapped_recomputes_batchnorm_statistics_for_the_draw_and_restores_them():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1))
+    x = torch.randn(50, 3)
+    swag = SWAG(net, max_rank=2)
+    for _ in range(3):
+        with torch.no_grad():
+            net[0].weight.add_(0.1 * torch.randn(4, 3))
+        swag.collect()
+    draw = swag.sample(generator=torch.Generator().manual_seed(1))
+    before = {n: b.clone() for n, b in net.named_buffers()}
+    with swag.swapped(draw, batchnorm_inputs=x, batch_size=50):
+        h = x @ draw["0.weight"].T + draw["0.bias"]  # one batch: the statistics are its moments
+        torch.testing.assert_close(net[1].running_mean, h.mean(0))
+        torch.testing.assert_close(net[1].running_var, h.var(0))
+    assert all(torch.equal(before[n], b) for n, b in net.named_buffers())
+    with pytest.raises(ValueError, match="torch.nn.Module"):
+        with SWAG({"w": torch.zeros(2)}).swapped({"w": torch.ones(2)}, batchnorm_inputs=x):
+            pass
