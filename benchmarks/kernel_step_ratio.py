@@ -9,7 +9,7 @@ threads) and the CPU time of the main thread. EntropyMCMC draws its guide's nois
 worker thread when a core is spare (``pyro_flat/infer/mcmc/noise.py``): the main thread's ratio
 is then its step time on a machine where that thread has a core of its own, and the process
 CPU ratio its step time on a single core, which the row "noise in line" measures directly.
-Issue targets: EntropyMCMC <= 1.1x, SASGLD <= 2.2x (two gradients per step).
+Issue targets: EntropyMCMC <= 1.1x, SASGLD <= 2.2x (two gradients per step), ContourSGLD <= 1.1x.
 
 Run::
 
@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import step_overhead as so  # noqa: E402
 
-from pyro_flat.infer import SASGLD, SGLD, EntropyMCMC  # noqa: E402
+from pyro_flat.infer import SASGLD, SGLD, ContourSGLD, EntropyMCMC  # noqa: E402
 
 STEP = so.STEP_SIZE
 KERNELS = {
@@ -49,6 +49,11 @@ KERNELS = {
         num_steps_per_sample=so.STEPS_PER_DRAW),
     "SASGLD": lambda m: SASGLD(m, step_size=STEP, rho=0.05,
                                num_steps_per_sample=so.STEPS_PER_DRAW),
+    # bins bracketing both networks' energies (~2.8e4 CNN, ~1.05e5 MLP, mostly the prior); a
+    # step costs the same wherever the bins are (one SA update and one multiplier per step)
+    "ContourSGLD": lambda m: ContourSGLD(m, step_size=STEP, num_bins=100, min_energy=2e4,
+                                         bin_width=2e3, zeta=1.0,
+                                         num_steps_per_sample=so.STEPS_PER_DRAW),
 }
 
 
