@@ -89,6 +89,12 @@ def make_plan(budget: Budget, exploration_fraction: float) -> Plan:
     Cycles of ``L`` steps, ``L`` a multiple of the draws per cycle, so that SGLD and SGHMC,
     thinned by ``L / draws_per_cycle``, take exactly the steps of cyclical SGLD. Short budgets
     keep fewer draws per cycle: at most the steps in the sampling stage of a cycle.
+
+    Examples
+    --------
+    >>> plan = make_plan(BUDGETS["quick"], exploration_fraction=0.8)
+    >>> plan.steps, plan.thin, plan.warmup_draws, plan.num_draws, plan.cycle_length
+    (4000, 250, 4, 12, 1000)
     """
     per_cycle = budget.draws_per_cycle
     while True:

@@ -56,6 +56,12 @@ def build_cnn(
     convolution (kernel 5, padding 2, stride 2) with ReLU, halving the length; then one
     hidden linear layer of ``hidden`` units and the output layer. No normalisation layers, so
     that every draw predicts without recomputed statistics.
+
+    Examples
+    --------
+    >>> net = build_cnn(40, 10, channels=(16, 32))
+    >>> net(torch.randn(8, 40)).shape
+    torch.Size([8, 10])
     """
     layers: list[torch.nn.Module] = [torch.nn.Unflatten(1, (1, length))]
     width, size = 1, length
