@@ -38,7 +38,8 @@ class Budget:
 
 BUDGETS = {
     "quick": Budget(steps=4_000),
-    "full": Budget(steps=40_000, num_cycles=8, warmup_cycles=2, draws_per_cycle=4,
+    # the committed benchmark (benchmarks/compare_full.py): about 12 minutes of CPU on one core
+    "full": Budget(steps=20_000, num_cycles=8, warmup_cycles=2, draws_per_cycle=4,
                    ensemble_size=5),
 }
 #: The smallest integer budget: 4 cycles of 5 steps, each with one step of sampling stage.
