@@ -49,6 +49,17 @@ class EntropyMCMC(SGMCMCKernel):
     (:func:`~pyro_flat.infer.mcmc.integrators.underdamped_step_`, friction :math:`C`, mass
     :math:`M`) on the same joint energy instead: the underdamped form.
 
+    **Cost.** One gradient per step, as SGLD; beyond SGLD's update, three vector passes (the
+    coupling as two ``lerp_``, the guide's noise) and a second Gaussian vector
+    :math:`\xi_2`. That vector is the cost that remains on a CPU: torch's ``normal_``, the
+    fastest exact generator measured here (``benchmarks/results/gaussian_generators.md``),
+    takes about 15% of an SGLD step of a 784-100-100-10 MLP at batch 128, so drawn in line a
+    step costs 1.1-1.2x SGLD's on that network (1.0x on a small CNN, whose gradient dominates).
+    :math:`\xi_2` does not depend on the step, so when a core is spare it is drawn ahead in
+    blocks on a worker thread (:class:`~pyro_flat.infer.mcmc.noise.PrefetchedNormal`, same
+    values; attribute ``prefetch_noise``): the main thread then spends 1.06x SGLD's time per
+    step (``benchmarks/results/kernel_step_ratio.md``).
+
     **Draws** hold :math:`\theta` under the model's site names and :math:`\theta_a` under the same
     names with the suffix ``"__guide"``; :func:`select_draws` maps either (or both) onto the
     model's names for :class:`pyro.infer.Predictive` and Bayesian model averaging. The per-draw
