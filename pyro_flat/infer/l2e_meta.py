@@ -16,6 +16,16 @@ average :math:`\frac{\mathcal{L}(\phi + \sigma\varepsilon) - \mathcal{L}(\phi -
 The inner loop is :func:`pyro_flat.infer.mcmc.l2e_net.l2e_step_`, the update of
 :class:`pyro_flat.infer.L2E`, on plain tensors (:func:`torch.func.functional_call`).
 
+Differences from the authors' meta-training (``meta_training.py``, ``full_es_function_bma.py``),
+all chosen to fit two CPU cores: inner runs of 400 steps (theirs 3000) with snapshots every 20
+of the last 200 (theirs every 50 of the last 500); 500 outer steps by default in
+``benchmarks/l2e_meta_train.py`` (theirs 5000); small MLPs/CNNs on MNIST-1D, digits and a
+synthetic regression (theirs conv nets on small image sets); the meta-loss on a held-out set of
+256 points (theirs a single validation batch, a noisy estimate); the paper's noise
+``2 C eps T`` with ``T = 1`` (theirs ``2 C noise_mult``); ``step_mult = 2`` (theirs 0.5 in
+meta-training, 2 in evaluation). The same: antithetic ES with sigma 0.01 and one pair per outer
+step, Adam with learning rate 0.01 and gradient-norm clipping at 1, the BMA NLL meta-loss.
+
 Examples
 --------
 >>> import torch
