@@ -3,8 +3,8 @@
 
 * ``reliability.png``: reliability diagrams of the model averages on the test set;
 * ``uncertainty.png``: predictive-entropy histograms on the test and the OOD inputs;
-* ``loss_slices.png``: the mean training loss along a filter-normalised random direction
-  through each method's last draw (a flat basin is a wide, low profile).
+* ``loss_slices.png``: the mean training loss (log scale) along a filter-normalised random
+  direction through each method's last draw (a flat basin is a wide, low profile).
 """
 
 from __future__ import annotations
@@ -52,12 +52,13 @@ def write_figures(folder: Path, evaluations: dict[str, Evaluation], y_test: torc
     fig.savefig(folder / FIGURES[1], dpi=dpi)
     fig = plots.loss_slice({name: ev.loss_slice for name, ev in evaluations.items()},
                            ylabel="mean training loss")
-    fig.set_size_inches(6.5, 4.5)
+    fig.set_size_inches(8.0, 4.5)
     ax = fig.axes[0]
     colours = matplotlib.colormaps["tab20"]  # more methods than the default ten colours
     for i, line in enumerate(ax.get_lines()):
         line.set_color(colours(i % 20))
+    ax.set_yscale("log")  # sharp and flat profiles on one plot
     ax.set_title("loss along a random direction through the last draw")
-    ax.legend(fontsize="small", ncol=2)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.savefig(folder / FIGURES[2], dpi=dpi)
     return list(FIGURES)
