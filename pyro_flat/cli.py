@@ -68,6 +68,13 @@ Setup (the same for every method; see :class:`pyro_flat.compare.config.Settings`
   Every method seeds itself, so the numbers do not depend on ``--jobs``; the wall times of
   methods that ran side by side include their contention for memory bandwidth.
 
+Quick mode, measured with ``time pyro-flat compare`` (MNIST-1D, seed 0, all 14 methods and
+the reference, 2 jobs) on the shared 2-core machine while other work kept the load average at
+about 8: 10 min 17 s wall, 189 s of CPU in all (user + sys, every process). The per-method CPU
+times add up to 164 s: the three SVI methods and L2E about 25 s each, the other kernels 5 to
+8 s, the SGD-based methods about 4 s. Two jobs on two free cores thus need about 95 s of CPU
+each plus start-up.
+
 Exit status: 0 on success; 1 if a method failed (its row says why, the others are written)
 or the results could not be written; 2 on a usage error (one line on stderr, nothing written).
 The output folder is written at the end, into a temporary folder next to it that is then
