@@ -86,6 +86,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -205,11 +206,12 @@ def _check_output(parser: argparse.ArgumentParser, out: Path) -> Path:
     return out
 
 
-def _method_list() -> str:
+def _method_list(width: int = 100) -> str:
     lines = ["methods (--methods):"]
     for name, method in registry.ALL.items():
         state = "" if method.available() else " [planned: not implemented yet]"
-        lines.append(f"  {name:13s}{method.summary}{state}")
+        lines.append(textwrap.fill(f"{name:13s}{method.summary}{state}", width,
+                                   initial_indent="  ", subsequent_indent=" " * 15))
     return "\n".join(lines)
 
 
@@ -229,19 +231,20 @@ def _build_parser() -> _Parser:
         "compare",
         help="compare the inference methods and an SGD baseline on a built-in data set",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=(
+        description=textwrap.fill(
             "Train one Bayesian network (prior N(0, "
             f"{s.prior_scale:g}^2/fan_in) on every weight and bias, minibatches of "
             f"{s.batch_size}) with each method at an equal budget of gradient evaluations, "
-            "plus a plain SGD/MAP network for reference; print one table of test accuracy,\n"
+            "plus a plain SGD/MAP network for reference; print one table of test accuracy, "
             "NLL, ECE, Brier score, OOD AUROC (predictive entropy) of the Bayesian model "
             "average, the mean sharpness of the draws, the gradient evaluations and the wall "
-            "time; write results.csv/.json/.md, figures (reliability.png, uncertainty.png,\n"
+            "time; write results.csv/.json/.md, figures (reliability.png, uncertainty.png, "
             "loss_slices.png) and the draws of each method (draws_<method>.nc, ArviZ "
             "netCDF) into the output folder. Step sizes come from one SGD learning rate "
-            f"lr={s.lr:g} on the mean loss (SGLD step_size = lr/N). Full description: the "
-            "docstring of pyro_flat.cli.\n\n" + _method_list()
-        ),
+            f"lr={s.lr:g} on the mean loss (SGLD step_size = lr/N). An SG-MCMC, SGD or "
+            "one-particle SVI step costs one gradient evaluation, a sharpness-aware step two; "
+            "an ensemble splits the budget among its members. Full description: the "
+            "docstring of pyro_flat.cli.", 100) + "\n\n" + _method_list(),
     )
     compare_parser.add_argument(
         "--dataset", default="mnist1d", choices=DATASETS,
@@ -260,7 +263,8 @@ def _build_parser() -> _Parser:
         help=(
             f"gradient evaluations per method, the first quarter warmup: 'quick' = "
             f"{quick.steps} ({quick.num_draws} kept draws, ensembles of "
-            f"{quick.ensemble_size}; under 3 minutes on 2 CPU cores); 'full' = {full.steps} "
+            f"{quick.ensemble_size}; about 3 minutes of CPU in all, split over the --jobs "
+            f"processes); 'full' = {full.steps} "
             f"({full.num_draws} kept draws, ensembles of {full.ensemble_size}; the committed "
             f"benchmark); or an integer >= {MIN_STEPS} (the quick layout with that many); "
             "default: %(default)s"

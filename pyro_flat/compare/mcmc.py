@@ -152,7 +152,7 @@ METHODS = [
            "noiseless, draws at the end of each cycle (Zhang et al. 2020)", run_kernel,
            aliases=("cyclical-sgld", "cyclicalsgld", "cyclical_sgld")),
     Method("entropy", "EntropyMCMC: SGLD coupled to a guiding copy, eta = 40*lr/N; "
-           "averages theta and guide draws (Li & Zhang 2023)", run_kernel),
+           "averages theta and guide draws (Li & Zhang 2024)", run_kernel),
     Method("sasgld", "sharpness-aware SGLD, rho = 0.05, two gradients per step "
            "(Nguyen et al. 2023)", run_kernel),
     Method("contour", f"ContourSGLD: SGLD on the flattened target, {CONTOUR_BINS} energy "
