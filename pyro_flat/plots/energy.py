@@ -24,7 +24,8 @@ def energy_pdf(diagnostics: Mapping[str, Any], *, ax: Any = None, log: bool = Tr
     ----------
     diagnostics : dict
         ``kernel.diagnostics()`` or ``mcmc._diagnostics[chain]``: needs ``"energy_pdf"``,
-        ``"energy_edges"`` and ``"sample_stats"["energy"]``.
+        ``"energy_edges"`` and ``"sample_stats"["energy"]``. With ``vectorized_chains`` the
+        chains' ``g`` are averaged and their energies pooled.
     log : bool
         Logarithmic density axis (``g`` spans many orders of magnitude).
 
@@ -41,6 +42,9 @@ def energy_pdf(diagnostics: Mapping[str, Any], *, ax: Any = None, log: bool = Tr
                          "'energy_pdf', 'energy_edges' and sample_stats['energy']") from None
     if edges is None:
         raise ValueError("the energy bins are not placed yet (auto_bins: run warmup first)")
+    if g.dim() == 2:  # vectorized_chains: (chains, bins)
+        g = g.mean(0)
+    energies = energies.reshape(-1)
     edges = torch.as_tensor(edges, dtype=torch.float64)
     width = edges[1:] - edges[:-1]
     ax, fig = axes_and_figure(ax, figsize=(5.0, 3.5))
