@@ -211,7 +211,8 @@ def _method_list(width: int = 100) -> str:
     for name, method in registry.ALL.items():
         state = "" if method.available() else " [planned: not implemented yet]"
         lines.append(textwrap.fill(f"{name:13s}{method.summary}{state}", width,
-                                   initial_indent="  ", subsequent_indent=" " * 15))
+                                   initial_indent="  ", subsequent_indent=" " * 15,
+                                   break_on_hyphens=False))
     return "\n".join(lines)
 
 
@@ -244,7 +245,8 @@ def _build_parser() -> _Parser:
             f"lr={s.lr:g} on the mean loss (SGLD step_size = lr/N). An SG-MCMC, SGD or "
             "one-particle SVI step costs one gradient evaluation, a sharpness-aware step two; "
             "an ensemble splits the budget among its members. Full description: the "
-            "docstring of pyro_flat.cli.", 100) + "\n\n" + _method_list(),
+            "docstring of pyro_flat.cli.", 100, break_on_hyphens=False) + "\n\n"
+        + _method_list(),
     )
     compare_parser.add_argument(
         "--dataset", default="mnist1d", choices=DATASETS,
