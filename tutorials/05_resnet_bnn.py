@@ -126,7 +126,8 @@ print({k: tuple(v.shape) for k, v in list(samples.items())[:2]})
 # belong to whatever weights ran last in training mode. `recompute_batchnorm` resets them and
 # recomputes them for one draw on the training inputs (as SWA and SWAG do), after which the
 # network predicts in evaluation mode with that draw. The model average is the mean of the
-# per-draw class probabilities.
+# per-draw class probabilities. (On `FakeData`, whose labels are random, accuracy stays at
+# chance and the numbers below show the mechanics only; the full mode gives real ones.)
 
 
 # %%
