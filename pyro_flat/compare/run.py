@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -85,6 +86,21 @@ def warm_up(threads: int | None = None) -> None:
         torch.set_num_threads(threads)
 
 
+def _init_worker(threads: int, parent: int) -> None:
+    """A worker process: ends with its parent (Linux), imports warmed up, ``threads`` threads."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        try:  # PR_SET_PDEATHSIG = 1: a killed parent takes its workers along
+            ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+        except (OSError, AttributeError):
+            pass
+        if os.getppid() != parent:  # it died before the line above
+            os._exit(1)
+    warm_up(threads)
+
+
 def _worker(name: str, ctx: Context, threads: int) -> Outcome:
     """:func:`run_method` in a worker process (one per CPU core, ``--jobs``)."""
     torch.set_num_threads(threads)
@@ -125,7 +141,7 @@ def _run_in_parallel(todo: list[str], ctx: Context, jobs: int, threads: int
     start = time.perf_counter()
     with ProcessPoolExecutor(max_workers=min(jobs, len(todo)),
                              mp_context=multiprocessing.get_context("spawn"),
-                             initializer=warm_up, initargs=(threads,)) as pool:
+                             initializer=_init_worker, initargs=(threads, os.getpid())) as pool:
         futures = {pool.submit(_worker, name, ctx, threads): name for name in order}
         for i, future in enumerate(as_completed(futures), 1):
             name = futures[future]
