@@ -312,7 +312,10 @@ def _build_parser() -> _Parser:
     progress = compare_parser.add_mutually_exclusive_group()
     progress.add_argument(
         "--progress", dest="progress", action="store_true", default=None,
-        help="progress bars on stderr when --jobs is 1 (default: when stderr is a terminal)",
+        help=(
+            "progress bars on stderr: one per method with --jobs 1, one over all methods "
+            "otherwise (default: when stderr is a terminal)"
+        ),
     )
     progress.add_argument("--no-progress", dest="progress", action="store_false",
                           help="no progress bars")

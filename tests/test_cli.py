@@ -303,11 +303,15 @@ def test_a_failing_method_is_reported_not_faked(tmp_path, monkeypatch):
     assert not (out / "draws_sghmc.nc").exists() and (out / "draws_sgld.nc").exists()
 
 
-def test_progress_bars_on_request(tmp_path):
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_progress_bars_on_request(tmp_path, jobs):
     code, _, stderr = run(["compare", "--dataset", "digits", "--budget", "20", "--methods",
-                           "sgld", "--progress", "--jobs", "1", "--out", str(tmp_path / "o")])
+                           "sgld", "--progress", "--jobs", jobs, "--out", str(tmp_path / "o")])
     assert code == 0
-    assert "sgld:" in stderr and "/20 [" in stderr and "grad/s" in stderr  # tqdm's bar
+    if jobs == "1":  # one bar per method
+        assert "sgld:" in stderr and "/20 [" in stderr and "grad/s" in stderr  # tqdm's bar
+    else:  # one bar over both methods, counting the workers' gradients; it ends full
+        assert "2 methods:" in stderr and "40/40 [" in stderr
 
 
 def test_version_and_help(capsys, planned_swag):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,29 @@ class _NoBar:
 
     def close(self) -> None:
         pass
+
+
+#: In a worker process of ``compare --jobs``: a shared counter of gradient evaluations (a
+#: ``multiprocessing.Value``) that the parent shows as one progress bar.
+SHARED_COUNTER: Any = None
+
+
+class _CounterBar:
+    """A progress bar that adds to :data:`SHARED_COUNTER`, at most every half second."""
+
+    def __init__(self, counter: Any):
+        self.counter, self.pending, self.last = counter, 0, time.monotonic()
+
+    def update(self, n: int = 1) -> None:
+        self.pending += n
+        if time.monotonic() - self.last > 0.5:
+            self.close()
+
+    def close(self) -> None:
+        if self.pending:
+            with self.counter.get_lock():
+                self.counter.value += self.pending
+        self.pending, self.last = 0, time.monotonic()
 
 
 @dataclass
@@ -66,6 +90,8 @@ class Context:
 
     def progress(self, total: int, label: str) -> Any:
         """A progress bar over ``total`` gradient evaluations (``update(n)``, ``close()``)."""
+        if SHARED_COUNTER is not None:
+            return _CounterBar(SHARED_COUNTER)
         if self.show_progress is False:
             return _NoBar()
         from tqdm.auto import tqdm

@@ -86,8 +86,12 @@ def warm_up(threads: int | None = None) -> None:
         torch.set_num_threads(threads)
 
 
-def _init_worker(threads: int, parent: int) -> None:
-    """A worker process: ends with its parent (Linux), imports warmed up, ``threads`` threads."""
+def _init_worker(threads: int, parent: int, counter: Any) -> None:
+    """A worker process: ends with its parent (Linux), imports warmed up, ``threads`` threads,
+    progress reported to ``counter`` (or ``None``)."""
+    from pyro_flat.compare import common
+
+    common.SHARED_COUNTER = counter
     if sys.platform.startswith("linux"):
         import ctypes
         import signal
@@ -126,30 +130,53 @@ def _run_in_order(todo: list[str], ctx: Context, progress: bool | None) -> dict[
     return outcomes
 
 
-def _run_in_parallel(todo: list[str], ctx: Context, jobs: int, threads: int
-                     ) -> dict[str, Outcome]:
-    """Each method in one of ``jobs`` worker processes, the costliest first; no progress bars.
+def _run_in_parallel(todo: list[str], ctx: Context, jobs: int, threads: int,
+                     progress: bool | None) -> dict[str, Outcome]:
+    """Each method in one of ``jobs`` worker processes, the costliest first.
 
-    Every method seeds itself, so its numbers do not depend on the process it runs in.
+    Every method seeds itself, so its numbers do not depend on the process it runs in. The
+    progress bar counts the gradient evaluations of all workers together.
     """
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
+    mp = multiprocessing.get_context("spawn")
+    show = sys.stderr.isatty() if progress is None else progress
+    counter = mp.Value("q", 0) if show else None
+    bar = None
+    if show:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(todo) * ctx.plan.steps, desc=f"{len(todo)} methods", unit="grad",
+                   file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
+    say = bar.write if bar is not None else _say
     ctx = replace(ctx, show_progress=False)
     order = sorted(todo, key=lambda n: -registry.ALL[n].cost)
     outcomes: dict[str, Outcome] = {}
     start = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)),
-                             mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_init_worker, initargs=(threads, os.getpid())) as pool:
-        futures = {pool.submit(_worker, name, ctx, threads): name for name in order}
-        for i, future in enumerate(as_completed(futures), 1):
-            name = futures[future]
-            try:
-                outcomes[name] = future.result()
-            except Exception as err:  # the worker process died
-                outcomes[name] = (_failed_row(start, time.process_time(), err), None, None, {})
-            _say(f"[{i}/{len(todo)}] {_label(name)}: {_summary(outcomes[name][0])}")
+    try:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=mp,
+                                 initializer=_init_worker,
+                                 initargs=(threads, os.getpid(), counter)) as pool:
+            futures = {pool.submit(_worker, name, ctx, threads): name for name in order}
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                if bar is not None:
+                    bar.n = min(counter.value, bar.total)
+                    bar.refresh()
+                for future in done:
+                    name = futures[future]
+                    try:
+                        outcomes[name] = future.result()
+                    except Exception as err:  # the worker process died
+                        outcomes[name] = (_failed_row(start, time.process_time(), err),
+                                          None, None, {})
+                    say(f"[{len(outcomes)}/{len(todo)}] {_label(name)}: "
+                        f"{_summary(outcomes[name][0])}")
+    finally:
+        if bar is not None:
+            bar.close()
     return outcomes
 
 
@@ -170,7 +197,7 @@ def compare(opts: Options, settings: Settings, plan: Plan) -> int:
     ctx = Context(data, settings, plan, opts.seed, opts.model, opts.progress)
     todo = [*opts.methods, registry.BASELINE]
     if jobs > 1 and len(todo) > 1:
-        outcomes = _run_in_parallel(todo, ctx, jobs, opts.threads)
+        outcomes = _run_in_parallel(todo, ctx, jobs, opts.threads, opts.progress)
     else:
         warm_up()
         outcomes = _run_in_order(todo, ctx, opts.progress)
