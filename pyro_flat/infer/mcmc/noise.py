@@ -1,26 +1,29 @@
 """Standard-normal noise for auxiliary variables, drawn ahead in blocks on a worker thread.
 
 Drawing a Gaussian vector the size of a network is the one cost of a second set of variables
-(EntropyMCMC's guiding copy :math:`\\theta_a`) that does not shrink with the model's forward pass.
-Measured on one core of this project's machine (AMD EPYC, torch 2.14, 89,610 floats: the
-784-100-100-10 MLP), ``torch.Tensor.normal_`` takes 3.4 ns per float (0.31 ms, about 15% of an
-SGLD step of that MLP at batch 128) and is the fastest exact Gaussian generator available here:
-NumPy's ziggurat (``Generator(SFC64 | PCG64).standard_normal(dtype=float32, out=...)``) takes
-7.8-9 ns, ``erfinv`` of torch uniforms or Box-Muller on NumPy's raw ``SFC64`` bits (with
-vectorised ``log``/``sin``/``cos``) take at least as long as ``normal_`` itself, because
-torch's kernel fuses the transform that separate vector passes cannot
-(``benchmarks/results/gaussian_generators.md``).
+(EntropyMCMC's guiding copy :math:`\\theta_a`) that does not shrink with the model's forward pass:
+for the 784-100-100-10 MLP (89,610 floats) at batch 128 it is about 15% of an SGLD step.
+Measured on one core of this project's (shared, loaded) machine, interleaved
+(``benchmarks/results/gaussian_generators.md``; 3.4 ns per float at a quieter moment),
+torch's ``normal_`` (MT19937 uniforms and a fused, vectorised Box-Muller) is the fastest of the
+ready-made exact generators: NumPy's ziggurat ``Generator(SFC64 | PCG64 | Philox)
+.standard_normal(dtype=float32, out=...)`` takes 2.1-2.9 times as long and ``erfinv`` of torch
+uniforms 1.8 times. Box-Muller written with NumPy's vectorised ``log``/``sin``/``cos`` on raw
+``SFC64`` bits takes 0.6-0.9 times as long (0.86 in the committed table; wide spread): it
+would save at most about 6% of that SGLD step, not enough to bring a step drawn in line to
+1.1x SGLD's, for a second kind of random state in checkpoints and a hand-written transform. So the draw stays torch's and leaves the critical path instead.
 
-So the draw is not made cheaper but moved off the critical path: the noise is independent of
-everything else in a step, and :class:`PrefetchedNormal` fills the next *block* of vectors on
-a worker thread while the model's gradients are computed (PyTorch releases the GIL inside its
-kernels). Each vector is one ``normal_()`` call on the stream's own generator, in order, so
-the values are exactly those of synchronous draws and runs stay reproducible; blocks (up to 8
-vectors, at most 4 MiB) make the hand-over between threads rare. If the worker has not started
-the next block when it is needed (no spare core), the calling thread cancels it and draws the
-block itself, so a busy machine costs no more than drawing in line. Without a spare core
-(``torch.get_num_threads()`` already uses every core this process may run on) or off the CPU
-it draws in line.
+The noise is independent of everything else in a step, and :class:`PrefetchedNormal` fills the
+next *block* of vectors on a worker thread while the model's gradients are computed (PyTorch
+releases the GIL inside its kernels). Each vector is one ``normal_()`` call on the stream's own
+generator, in order, so the values are exactly those of synchronous draws and runs stay
+reproducible; blocks (up to 8 vectors, at most 4 MiB) make the hand-over between threads rare.
+If the worker has not started the next block when it is needed, the calling thread cancels it
+and draws the block itself. Without a spare core (``torch.get_num_threads()`` already uses
+every core this process may run on) or off the CPU it draws in line. On the MLP
+(``benchmarks/results/kernel_step_ratio.md``) the main thread of EntropyMCMC then spends 1.06x
+SGLD's time per step, against 1.19x with the noise drawn in line; on a machine where other
+work holds every core the worker thread does not help (wall time 1.20x).
 """
 
 from __future__ import annotations
