@@ -11,7 +11,8 @@ ready-made exact generators: NumPy's ziggurat ``Generator(SFC64 | PCG64 | Philox
 uniforms 1.8 times. Box-Muller written with NumPy's vectorised ``log``/``sin``/``cos`` on raw
 ``SFC64`` bits takes 0.6-0.9 times as long (0.86 in the committed table; wide spread): it
 would save at most about 6% of that SGLD step, not enough to bring a step drawn in line to
-1.1x SGLD's, for a second kind of random state in checkpoints and a hand-written transform. So the draw stays torch's and leaves the critical path instead.
+1.1x SGLD's, for a second kind of random state in checkpoints and a hand-written transform.
+So the draw stays torch's and leaves the critical path instead.
 
 The noise is independent of everything else in a step, and :class:`PrefetchedNormal` fills the
 next *block* of vectors on a worker thread while the model's gradients are computed (PyTorch
