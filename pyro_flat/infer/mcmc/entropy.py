@@ -54,7 +54,8 @@ class EntropyMCMC(SGMCMCKernel):
     :math:`\xi_2`. That vector is the cost that remains on a CPU: torch's ``normal_``, the
     fastest exact generator measured here (``benchmarks/results/gaussian_generators.md``),
     takes about 15% of an SGLD step of a 784-100-100-10 MLP at batch 128, so drawn in line a
-    step costs 1.1-1.2x SGLD's on that network (1.0x on a small CNN, whose gradient dominates).
+    step costs 1.14-1.20x SGLD's on that network (1.03-1.05x on a small CNN, whose gradient
+    dominates).
     :math:`\xi_2` does not depend on the step, so when a core is spare it is drawn ahead in
     blocks on a worker thread (:class:`~pyro_flat.infer.mcmc.noise.PrefetchedNormal`, same
     values; attribute ``prefetch_noise``): the main thread then spends 1.06x SGLD's time per
