@@ -104,7 +104,11 @@ class ContourSGLD(SGMCMCKernel):
     sa_power : float, optional
         The power ``p`` of the SA gain :math:`\omega_k g_J^p`; ``None`` (default) is ``zeta``.
     multiplier_clip : (float, float), optional
-        Clip :math:`\mu` to ``[low, high]``; ``None`` (default) does not clip.
+        Clip :math:`\mu` to ``[low, high]``; ``None`` (default) does not clip. The top bin
+        takes every energy above the last edge: while ``g`` under-estimates it, :math:`\mu`
+        there is negative and pushes the chain further uphill, without limit on a potential
+        that grows without bound. Clip :math:`\mu` and, on such a toy, keep the chain in a
+        box with ``bounds`` (as tutorial 02 does).
     vectorized_chains : int, optional
         ``K``: run ``K`` independent chains in one kernel. Needs a ``potential_fn`` that
         returns a tensor of ``K`` energies, one per chain, for parameters whose every site has
