@@ -19,7 +19,7 @@ the paper's measure, on 1,000 training points). Mean and standard deviation over
 
 Run::
 
-    .venv/bin/python benchmarks/sharpness_aware.py            # ~15 min on one idle core
+    .venv/bin/python benchmarks/sharpness_aware.py            # 26 min wall, shared machine
     .venv/bin/python benchmarks/sharpness_aware.py --quick    # a smoke run
 
 It prints Markdown tables and writes ``benchmarks/results/sharpness_aware.{json,md}``.
