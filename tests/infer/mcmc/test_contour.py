@@ -327,6 +327,27 @@ def test_toy_a_estimates_and_energy_pdf():
     assert float((g.mean(0) - truth_pdf).abs().sum()) <= 0.25
 
 
+def test_vectorized_chains_resume():
+    def kernel():
+        return ContourSGLD(potential_fn=toy_a_potential_chains,
+                           initial_params={"x": torch.zeros(3, 2, dtype=torch.float64)},
+                           step_size=1e-3, zeta=0.75, bounds=(-2.5, 2.5), vectorized_chains=3,
+                           num_steps_per_sample=5, **TOY_A_BINS)
+
+    whole = harness.run(kernel(), 20, 4, 3)
+    first = harness.run(kernel(), 10, 4, 3)
+    resumed = kernel()
+    resumed.load_state_dict(first.kernel.state_dict())
+    second = harness.run(resumed, 10, 0, 99)
+    assert torch.equal(whole.get_samples()["x"][10:], second.get_samples()["x"])
+    d_whole, d_second = whole._diagnostics[0], second._diagnostics[0]
+    assert d_whole["energy_pdf"].shape == (3, TOY_A_BINS["num_bins"])
+    assert torch.equal(d_whole["energy_pdf"], d_second["energy_pdf"])
+    for name in ("energy", "energy_bin", "log_weight"):
+        assert d_second["sample_stats"][name].shape == (10, 3)
+        assert torch.equal(d_whole["sample_stats"][name][10:], d_second["sample_stats"][name])
+
+
 def test_vectorized_chains_bad_input():
     with pytest.raises(ValueError, match="vectorized_chains needs a potential_fn"):
         ContourSGLD(harness.BayesianLinearRegression(2, 1.0, 1.0, 50), step_size=1e-3,
