@@ -26,6 +26,7 @@ import argparse
 import copy
 import datetime
 import json
+import sys
 from pathlib import Path
 
 import pyro
@@ -147,6 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pretrain", type=int, default=3000)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--name", default="hwa_swag", help="results file name (no suffix)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     rows = []
@@ -164,13 +166,15 @@ def main(argv: list[str] | None = None) -> None:
               for r in summary]
     table = "\n".join(lines)
     print(table)
-    meta = {"command": "python benchmarks/hwa_swag.py", "steps": args.steps,
+    words = argv if argv is not None else sys.argv[1:]
+    command = " ".join(["python benchmarks/hwa_swag.py", *words])
+    meta = {"command": command, "steps": args.steps,
             "pretrain": args.pretrain, "seeds": args.seeds, "torch": torch.__version__,
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "hwa_swag.json").write_text(
+    (args.out / f"{args.name}.json").write_text(
         json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1))
-    (args.out / "hwa_swag.md").write_text(
+    (args.out / f"{args.name}.md").write_text(
         "# BbB vs HWA, SWAG vs F-SWAG\n\n"
         f"- command: `{meta['command']}`; {args.pretrain} pretraining + {args.steps} SVI steps; "
         f"SWAG {2 * args.steps} steps; seeds {args.seeds} (mean ± sd over seeds); "
