@@ -214,19 +214,29 @@ def step_time(rounds: int, chunk: int) -> dict:
     return out
 
 
+TIMING_HEADER = (
+    "\n\n## Step time (MLP 784-100-100-10, batch 128, one thread)\n\n"
+    "| clock | parameters | SGLD ms/step | 2 meta-net evaluations ms | L2E ms/step | "
+    "L2E / (SGLD + 2 meta-net), median [quartiles] | L2E / SGLD |\n"
+    "|---|---:|---:|---:|---:|---|---:|\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="multiply every task's SG steps (e.g. 0.2: the meta-training horizon)")
+    parser.add_argument("--no-timing", action="store_true", help="skip the step-time rounds")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    scale, seeds, rounds = (0.05, 1, 4) if args.quick else (1.0, args.seeds, args.rounds)
+    scale, seeds, rounds = (0.05, 1, 4) if args.quick else (args.scale, args.seeds, args.rounds)
     methods = ["SGLD", "CyclicalSGLD", "L2E (ours)"] + (
         ["L2E (authors)"] if OFFICIAL.exists() else [])
-    timing = step_time(rounds, 1)
-    timing_md = "\n".join(
+    timing = None if args.no_timing else step_time(rounds, 1)
+    timing_md = "" if timing is None else "\n".join(
         f"| {clock} | {timing['num_params']} | {t['ms_SGLD']:.2f} | {t['ms_2 x meta-net']:.2f} | "
         f"{t['ms_L2E']:.2f} | {t['ratio']:.2f} [{t['ratio_q1']:.2f}, {t['ratio_q3']:.2f}] | "
         f"{t['ratio_to_sgld']:.2f} |"
@@ -248,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
             "pyro": pyro.__version__, "cpu": so.cpu_model(),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "shipped_meta_params": MetaNet.shipped().info}
-    suffix = "_quick" if args.quick else ""
+    suffix = "_quick" if args.quick else ("" if args.scale == 1.0 else f"_scale{args.scale:g}")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"l2e{suffix}.json").write_text(json.dumps(
         {"meta": meta, "step_time": timing, "runs": rows, "summary": summary}, indent=1,
@@ -257,10 +267,7 @@ def main(argv: list[str] | None = None) -> None:
         "# L2E vs SGLD and cyclical SGLD on held-out tasks\n\n"
         f"- command: `{meta['command']}`; {meta['cpu']}; torch {meta['torch']}; {meta['date']}\n"
         f"- mean ± sd over {seeds} seeds; 10 draws per method; equal SG steps (gradients)\n\n"
-        + table + "\n\n## Step time (MLP 784-100-100-10, batch 128, one thread)\n\n"
-        "| clock | parameters | SGLD ms/step | 2 meta-net evaluations ms | L2E ms/step | "
-        "L2E / (SGLD + 2 meta-net), median [quartiles] | L2E / SGLD |\n"
-        "|---|---:|---:|---:|---:|---|---:|\n" + timing_md + "\n")
+        + table + ("" if timing is None else TIMING_HEADER + timing_md) + "\n")
 
 
 if __name__ == "__main__":
