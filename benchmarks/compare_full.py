@@ -86,12 +86,14 @@ def main() -> int:
     (RESULTS / f"{args.name}.json").write_text(json.dumps({**env, **result}, indent=2) + "\n")
     table = (out / "results.md").read_text()
     notes = result.get("method_notes", {})
+    plan = result["plan"]
+    steps = plan["thin"] * (plan["num_draws"] + plan["warmup_draws"])
     md = [
         f"# `{command}`",
         "",
         f"{result['dataset']}: {result['num_train']} train, {result['num_test']} test, "
         f"{result['num_ood']} OOD ({result['ood']}); {result['architecture']}; "
-        f"{result['plan']['steps']} gradient evaluations per method, "
+        f"{steps} gradient evaluations per method, "
         f"{result['plan']['num_draws']} kept draws, seed {result['seed']}.",
         "",
         table.rstrip(),
