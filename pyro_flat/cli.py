@@ -69,11 +69,10 @@ Setup (the same for every method; see :class:`pyro_flat.compare.config.Settings`
   methods that ran side by side include their contention for memory bandwidth.
 
 Quick mode, measured with ``time pyro-flat compare`` (MNIST-1D, seed 0, all 14 methods and
-the reference, 2 jobs) on the shared 2-core machine while other work kept the load average at
-about 8: 10 min 17 s wall, 189 s of CPU in all (user + sys, every process). The per-method CPU
-times add up to 164 s: the three SVI methods and L2E about 25 s each, the other kernels 5 to
-8 s, the SGD-based methods about 4 s. Two jobs on two free cores thus need about 95 s of CPU
-each plus start-up.
+the reference, 2 jobs) on a shared 2-core machine: 1 min 30 s wall, 149 s of CPU (user + sys,
+every process), load average 2.2 from other work at the start (at a load average of 8 the same
+run took 10 min 17 s). The per-method CPU times: L2E 26 s, the three SVI methods 17 to 19 s
+each, the other kernels 4.5 to 5.5 s, the SGD-based methods 3 to 4 s (127 s in all).
 
 Exit status: 0 on success; 1 if a method failed (its row says why, the others are written)
 or the results could not be written; 2 on a usage error (one line on stderr, nothing written).
