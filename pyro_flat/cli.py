@@ -264,8 +264,8 @@ def _build_parser() -> _Parser:
         help=(
             f"gradient evaluations per method, the first quarter warmup: 'quick' = "
             f"{quick.steps} ({quick.num_draws} kept draws, ensembles of "
-            f"{quick.ensemble_size}; about 3 minutes of CPU in all, split over the --jobs "
-            f"processes); 'full' = {full.steps} "
+            f"{quick.ensemble_size}; about 2.5 minutes of CPU in all, 1.5 minutes of wall "
+            f"time with 2 jobs on 2 cores); 'full' = {full.steps} "
             f"({full.num_draws} kept draws, ensembles of {full.ensemble_size}; the committed "
             f"benchmark); or an integer >= {MIN_STEPS} (the quick layout with that many); "
             "default: %(default)s"
