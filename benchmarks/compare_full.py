@@ -21,6 +21,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import shutil
 import sys
 import tempfile
@@ -46,6 +47,13 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def _cpu_seconds() -> float:
+    """User + system time of this process and of its finished children (the workers)."""
+    own, children = (resource.getrusage(w) for w in (resource.RUSAGE_SELF,
+                                                      resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--budget", default="full")
@@ -62,9 +70,9 @@ def main() -> int:
     if args.methods:
         argv += ["--methods", args.methods]
     load_before = os.getloadavg()
-    wall, cpu = time.perf_counter(), time.process_time()
+    wall, cpu = time.perf_counter(), _cpu_seconds()
     code = cli.main(argv)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    wall, cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
     load_after = os.getloadavg()
     if not (out / "results.json").exists():
         return code or 1
@@ -105,8 +113,9 @@ def main() -> int:
         f"Method notes: {json.dumps(notes)}" if notes else "",
         "",
         f"Run on {env['date']}: {env['cpu']}, {env['cores']} cores, torch {env['torch']}, "
-        f"pyro {env['pyro']}, one torch thread. Total wall time {env['wall_time_s']} s, "
-        f"CPU time {env['cpu_time_s']} s; load average {env['load_average_before'][0]} before, "
+        f"pyro {env['pyro']}, one torch thread per process, {result['jobs']} methods at a "
+        f"time. Total wall time {env['wall_time_s']} s, CPU time {env['cpu_time_s']} s (all "
+        f"processes); load average {env['load_average_before'][0]} before, "
         f"{env['load_average_after'][0]} after (the machine was shared: wall times of single "
         "methods are inflated by other work, CPU time is the better measure).",
         "",
