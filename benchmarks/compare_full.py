@@ -7,7 +7,7 @@ with the command line, versions, machine, load and the total wall and CPU time. 
 
 Run::
 
-    .venv/bin/python benchmarks/compare_full.py                  # --budget full, ~12 min CPU
+    .venv/bin/python benchmarks/compare_full.py                  # --budget full, ~10 min CPU
     .venv/bin/python benchmarks/compare_full.py --budget 4000 --name compare_quick
 
 The numbers reproduce from the command within seed noise: every method is seeded (``--seed``),
