@@ -38,7 +38,8 @@ class Budget:
 
 BUDGETS = {
     "quick": Budget(steps=4_000),
-    # the committed benchmark (benchmarks/compare_full.py): about 10 minutes of CPU (5.5 minutes of wall time with 2 jobs)
+    # the committed benchmark (benchmarks/compare_full.py): about 10 minutes of CPU, 5.5
+    # minutes of wall time with 2 jobs
     "full": Budget(steps=20_000, num_cycles=8, warmup_cycles=2, draws_per_cycle=4,
                    ensemble_size=5),
 }
