@@ -15,10 +15,14 @@ output folder; this module is the command line.
 
 Setup (the same for every method; see :class:`pyro_flat.compare.config.Settings`):
 
-* Network: ``--model mlp`` (default), an MLP ``d-100-100-10`` with ReLU; ``--model cnn``, a
-  1-D CNN (two stride-2 convolutions of 16 and 32 channels, kernel 5, a hidden layer of 100)
-  that reads the input as a signal (MNIST-1D). Every weight and bias has the prior
-  ``N(0, 3^2 / fan_in)`` (``make_bayesian(net, prior_scale=3.0, scale_rule="fan_in")``). The
+* Data: ``--dataset mnist1d`` (default) or ``digits``, generated or shipped locally; or
+  ``mnist``, ``fashion_mnist`` or ``cifar10``, read by torchvision from ``$PYRO_FLAT_DATA``
+  (fetched once with ``--download``; missing files are a one-line error), each with its OOD
+  split (:func:`pyro_flat.datasets.load_dataset`).
+* Network: ``--model mlp`` (default), an MLP ``d-100-100-10`` with ReLU (images flattened);
+  ``--model cnn``, a 1-D CNN (two stride-2 convolutions of 16 and 32 channels, kernel 5, a
+  hidden layer of 100) that reads the input as a signal (MNIST-1D, digits). Every weight and
+  bias has the prior ``N(0, 3^2 / fan_in)`` (``make_bayesian(net, prior_scale=3.0, scale_rule="fan_in")``). The
   fan-in scaling keeps the scale of the activations bounded for networks drawn near the prior;
   the factor 3 keeps the prior's pull weak. Measured with the former 12,000-step quick budget:
   ``N(0, 1/fan_in)`` acts on the mean loss as an L2 penalty of ``fan_in / N`` per weight
@@ -104,8 +108,9 @@ __all__ = [
     "build_cnn", "build_mlp", "format_table", "main", "make_plan",
 ]
 
-#: Data sets ``compare`` accepts: generated or shipped locally, no download.
-DATASETS = ("mnist1d", "digits")
+#: Data sets ``compare`` accepts: generated or shipped locally (the first two), or read by
+#: torchvision from ``$PYRO_FLAT_DATA`` (fetched once with ``--download``).
+DATASETS = ("mnist1d", "digits", "mnist", "fashion_mnist", "cifar10")
 #: Methods run at a time by default: one per CPU core, up to 2.
 DEFAULT_JOBS = max(1, min(2, os.cpu_count() or 1))
 
@@ -249,7 +254,16 @@ def _build_parser() -> _Parser:
     )
     compare_parser.add_argument(
         "--dataset", default="mnist1d", choices=DATASETS,
-        help="data set, generated or shipped locally, with its OOD split (default: %(default)s)",
+        help=(
+            "data set with its OOD split: mnist1d and digits are generated or shipped locally; "
+            "mnist, fashion_mnist and cifar10 are read by torchvision from $PYRO_FLAT_DATA "
+            "(default ~/.cache/pyro-flat/data; see --download) (default: %(default)s)"
+        ),
+    )
+    compare_parser.add_argument(
+        "--download", action="store_true",
+        help="let torchvision download the missing files of mnist, fashion_mnist or cifar10 "
+             "(and of their OOD sets); without it nothing is fetched",
     )
     compare_parser.add_argument(
         "--methods", default=None, metavar="LIST",
@@ -337,7 +351,11 @@ def compare_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         threads=args.threads,
         progress=args.progress,
         jobs=args.jobs,
+        download=args.download,
     )
+    if args.model == "cnn" and args.dataset not in ("mnist1d", "digits"):
+        parser.error(f"argument --model: 'cnn' reads 1-D signals (mnist1d, digits), not the "
+                     f"images of {args.dataset}")
     budget = BUDGETS[args.budget] if isinstance(args.budget, str) else Budget(steps=args.budget)
     settings = Settings()
     plan = make_plan(budget, settings.exploration_fraction)

@@ -209,7 +209,8 @@ def planned_swag(monkeypatch):
         (["--methods", "sgld,nuts"], "unknown method(s) nuts"),
         (["--methods", ","], "name at least one of sgld, sghmc, csgld"),
         (["--methods", "sgd"], "name at least one of sgld"),
-        (["--dataset", "cifar10"], "argument --dataset: invalid choice: 'cifar10'"),
+        (["--dataset", "cifar100"], "argument --dataset: invalid choice: 'cifar100'"),
+        (["--dataset", "mnist", "--model", "cnn"], "'cnn' reads 1-D signals"),
         (["--model", "resnet"], "argument --model: invalid choice: 'resnet'"),
         (["--budget", "0"], "argument --budget"),
         (["--budget", "-5"], "argument --budget"),
@@ -267,6 +268,18 @@ def test_output_folder_that_cannot_be_written(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "foreign"]
     assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
     assert blocker.read_text() == "not a folder"
+
+
+def test_torchvision_data_set_without_its_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYRO_FLAT_DATA", str(tmp_path / "no-data"))
+    out = tmp_path / "out"
+    code, stdout, stderr = run(["compare", "--dataset", "mnist", "--budget", "20", "--methods",
+                                "sgld", "--jobs", "1", "--out", str(out)])
+    assert code == 1 and stdout == ""
+    line = stderr.strip().splitlines()[-1]
+    assert line.startswith("pyro-flat: error: cannot load the data set 'mnist': MNIST files "
+                           "not found") and "download=True" in line
+    assert list(tmp_path.iterdir()) == []  # nothing written, nothing downloaded
 
 
 def test_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
@@ -404,3 +417,25 @@ def test_importance_weights_enter_the_model_average():
     assert torch.allclose(weighted.probs_test, bma_probs(net, second, x[:20]), atol=1e-6)
     for key in ("accuracy", "nll", "ece", "sharpness"):
         assert weighted.metrics[key] == pytest.approx(alone.metrics[key], abs=1e-6)
+
+
+def test_images_go_through_a_flattening_mlp():
+    # the torchvision data sets give images: the MLP flattens them (digits as 1x8x8 images)
+    from types import SimpleNamespace
+
+    from pyro_flat.compare.common import Context
+    from pyro_flat.compare.evaluation import evaluate
+    from pyro_flat.datasets import load_dataset
+
+    d = load_dataset("digits", num_train=300)
+    images = SimpleNamespace(
+        x_train=d.x_train.reshape(-1, 1, 8, 8), y_train=d.y_train,
+        x_test=d.x_test.reshape(-1, 1, 8, 8), y_test=d.y_test,
+        x_ood=d.x_ood.reshape(-1, 1, 8, 8), num_train=d.num_train, input_shape=(1, 8, 8),
+        num_classes=10)
+    plan = cli.make_plan(cli.Budget(steps=40), 0.8)
+    ctx = Context(images, cli.Settings(), plan, seed=0, show_progress=False)
+    for method in ("sgld", "swag"):
+        fit = registry.ALL[method].run(method, ctx)
+        assert fit.samples["1.weight"].shape[1:] == (100, 64)  # Flatten is module 0
+        assert evaluate(fit, images, seed=0).metrics["accuracy"] > 0.3

@@ -73,7 +73,7 @@ class Context:
     def network(self) -> torch.nn.Sequential:
         """A fresh plain network of the chosen architecture, on the data's device."""
         d = self.data
-        net = build_network(self.model, d.input_shape[0], d.num_classes, self.settings)
+        net = build_network(self.model, d.input_shape, d.num_classes, self.settings)
         return net.to(d.x_train.device)
 
     def bayesian(self, net: torch.nn.Module | None = None) -> torch.nn.Module:

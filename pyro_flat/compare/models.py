@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -74,20 +75,28 @@ def build_cnn(
 
 
 def build_network(
-    name: str, in_features: int, num_classes: int, settings: Settings
+    name: str, input_shape: Sequence[int], num_classes: int, settings: Settings
 ) -> torch.nn.Sequential:
-    """The plain (non-Bayesian) network ``--model name`` for inputs of ``in_features`` values."""
+    """The plain (non-Bayesian) network ``--model name`` for inputs of ``input_shape``.
+
+    The MLP flattens image inputs first (its layers are then numbered from 1); the 1-D CNN
+    takes flat inputs only.
+    """
+    shape = tuple(input_shape)
     if name == "mlp":
-        return build_mlp(in_features, num_classes, settings.hidden)
+        net = build_mlp(math.prod(shape), num_classes, settings.hidden)
+        return torch.nn.Sequential(torch.nn.Flatten(), *net) if len(shape) > 1 else net
     if name == "cnn":
-        return build_cnn(in_features, num_classes, settings.channels)
+        if len(shape) != 1:
+            raise ValueError(f"model 'cnn' reads flat inputs (a signal), got shape {shape}")
+        return build_cnn(shape[0], num_classes, settings.channels)
     raise ValueError(f"model must be one of {', '.join(MODELS)}, got {name!r}")
 
 
-def describe(name: str, in_features: int, num_classes: int, settings: Settings) -> str:
+def describe(name: str, input_shape: Sequence[int], num_classes: int, settings: Settings) -> str:
     """A short description of the architecture, e.g. ``mlp 40-100-100-10``."""
     if name == "mlp":
-        widths = [in_features, *settings.hidden, num_classes]
+        widths = [math.prod(input_shape), *settings.hidden, num_classes]
         return "mlp " + "-".join(map(str, widths))
     chans = "-".join(map(str, settings.channels))
     return f"cnn conv1d {chans} (k5, s2), 100, {num_classes}"

@@ -34,6 +34,7 @@ class Options:
     threads: int = 1
     progress: bool | None = None  # None: bars when stderr is a terminal
     jobs: int = 1  # methods run at a time, each in a worker process (CPU only)
+    download: bool = False  # let torchvision fetch missing files (mnist, fashion_mnist, cifar10)
 
 
 def _say(message: str, end: str = "\n") -> None:
@@ -185,8 +186,14 @@ def compare(opts: Options, settings: Settings, plan: Plan) -> int:
     from pyro_flat import __version__
     from pyro_flat.datasets import load_dataset
 
-    data = load_dataset(opts.dataset, seed=opts.seed).to(opts.device)
-    arch = describe(opts.model, data.input_shape[0], data.num_classes, settings)
+    try:
+        data = load_dataset(opts.dataset, seed=opts.seed, download=opts.download)
+    except (OSError, ImportError) as err:  # e.g. torchvision files missing: nothing written
+        message = " ".join(str(err).split())
+        _say(f"pyro-flat: error: cannot load the data set {opts.dataset!r}: {message}")
+        return 1
+    data = data.to(opts.device)
+    arch = describe(opts.model, data.input_shape, data.num_classes, settings)
     jobs = opts.jobs if opts.device.type == "cpu" else 1
     _say(
         f"pyro-flat compare: {data.name} ({data.num_train} train, {data.num_test} test, "
