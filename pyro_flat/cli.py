@@ -22,14 +22,14 @@ Setup (the same for every method; see :class:`pyro_flat.compare.config.Settings`
 * Network: ``--model mlp`` (default), an MLP ``d-100-100-10`` with ReLU (images flattened);
   ``--model cnn``, a 1-D CNN (two stride-2 convolutions of 16 and 32 channels, kernel 5, a
   hidden layer of 100) that reads the input as a signal (MNIST-1D, digits). Every weight and
-  bias has the prior ``N(0, 3^2 / fan_in)`` (``make_bayesian(net, prior_scale=3.0, scale_rule="fan_in")``). The
-  fan-in scaling keeps the scale of the activations bounded for networks drawn near the prior;
-  the factor 3 keeps the prior's pull weak. Measured with the former 12,000-step quick budget:
-  ``N(0, 1/fan_in)`` acts on the mean loss as an L2 penalty of ``fan_in / N`` per weight
-  (0.025 for a 100-unit layer on MNIST-1D's 4000 points), too strong: its MAP reaches 48%
-  *train* accuracy on MNIST-1D. A fixed ``N(0, 1)`` lets the chains drift to weights of RMS
-  about 1, where each 100-unit layer amplifies by about 7, the loss gets sharp and SGLD at
-  ``lr = 0.2`` blows up on digits.
+  bias has the prior ``N(0, 3^2 / fan_in)`` (``make_bayesian(net, prior_scale=3.0,
+  scale_rule="fan_in")``). The fan-in scaling keeps the scale of the activations bounded for
+  networks drawn near the prior; the factor 3 keeps the prior's pull weak. Measured with the
+  former 12,000-step quick budget: ``N(0, 1/fan_in)`` acts on the mean loss as an L2 penalty of
+  ``fan_in / N`` per weight (0.025 for a 100-unit layer on MNIST-1D's 4000 points), too strong:
+  its MAP reaches 48% *train* accuracy on MNIST-1D. A fixed ``N(0, 1)`` lets the chains drift to
+  weights of RMS about 1, where each 100-unit layer amplifies by about 7, the loss gets sharp
+  and SGLD at ``lr = 0.2`` blows up on digits.
 * Likelihood ``Categorical(logits=net(x))`` on minibatches of 128, scaled by ``N/B``; posterior
   temperature 1.
 * Step sizes come from one SGD-like learning rate ``lr`` on the *mean* loss (``lr = 0.2``): the
