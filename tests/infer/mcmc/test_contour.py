@@ -174,16 +174,22 @@ def toy_a_kernel(start, **kwargs):
                        **TOY_A_BINS, **kwargs)
 
 
+def kernel_trajectory(kernel, steps):
+    """``(x, g)`` after each of ``steps`` draws of a freshly set-up kernel."""
+    kernel.setup(0)
+    params, trajectory = kernel.initial_params, []
+    for _ in range(steps):
+        params = kernel.sample(params)
+        trajectory.append((params["x"].clone(), kernel._g.clone()))
+    return trajectory
+
+
 def test_toy_a_matches_a_plain_reference():
     """Same seed, same random stream: the kernel's g and chain are those of a plain loop of the
     update rule (started by the box edge, so that some moves are rejected)."""
     torch.manual_seed(5)
     k = toy_a_kernel([2.47, 2.47])
-    k.setup(0)
-    params, trajectory = k.initial_params, []
-    for _ in range(300):
-        params = k.sample(params)
-        trajectory.append((params["x"].clone(), k._g.clone()))
+    trajectory = kernel_trajectory(k, 300)
 
     m, umin, du = TOY_A_BINS["num_bins"], TOY_A_BINS["min_energy"], TOY_A_BINS["bin_width"]
     torch.manual_seed(5)
@@ -244,11 +250,7 @@ def test_vectorized_chains_follow_the_rule_chain_by_chain():
                     initial_params={"x": torch.tensor(starts, dtype=torch.float64)},
                     step_size=1e-3, zeta=0.75, omega0=3e-3, bounds=(-2.5, 2.5),
                     vectorized_chains=3, multiplier_clip=(-5.0, 5.0), **TOY_A_BINS)
-    k.setup(0)
-    params, trajectory = k.initial_params, []
-    for _ in range(300):
-        params = k.sample(params)
-        trajectory.append((params["x"].clone(), k._g.clone()))
+    trajectory = kernel_trajectory(k, 300)
 
     m, umin, du = TOY_A_BINS["num_bins"], TOY_A_BINS["min_energy"], TOY_A_BINS["bin_width"]
     torch.manual_seed(7)
