@@ -29,6 +29,7 @@ from pyro.infer import SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
 from pyro_flat import metrics
+from pyro_flat.cli import ClassifierModel  # tutorial 01 writes this model out
 from pyro_flat.datasets import load_dataset
 from pyro_flat.flatness import sharpness
 from pyro_flat.infer import HWA, SharpnessAwareELBO
@@ -43,23 +44,11 @@ torch.set_num_threads(1)
 # ## Data and model
 #
 # scikit-learn's 8×8 digits, a 64-100-10 MLP with a Normal(0, 3²/fan_in) prior on every weight,
-# and Pyro's subsampling idiom (indices first, the network outside the plate).
+# and Pyro's subsampling idiom (indices first, the network outside the plate), as
+# `pyro_flat.cli.ClassifierModel` writes it (tutorial 01 spells it out).
 
 # %%
 data = load_dataset("digits")
-
-
-class Classifier:
-    def __init__(self, net, batch_size=128):
-        self.net, self.batch_size = net, batch_size
-
-    def __call__(self, x, y):
-        plate = pyro.plate("data", x.shape[0], subsample_size=self.batch_size)
-        with plate as ind:
-            pass
-        logits = self.net(x[ind])
-        with plate:
-            pyro.sample("obs", pyro.distributions.Categorical(logits=logits), obs=y[ind])
 
 
 def make_fit(loss):
@@ -69,7 +58,7 @@ def make_fit(loss):
     net = make_bayesian(torch.nn.Sequential(torch.nn.Linear(64, 100), torch.nn.ReLU(),
                                             torch.nn.Linear(100, 10)),
                         prior_scale=3.0, scale_rule="fan_in")
-    model = Classifier(net)
+    model = ClassifierModel(net, batch_size=128)
     guide = AutoNormal(model, init_loc_fn=init_to_network, init_scale=0.01)
     svi = SVI(model, guide, pyro.optim.Adam({"lr": 3e-3}), loss)
     return net, model, guide, svi

@@ -31,6 +31,7 @@ import torch
 from pyro.infer import MCMC
 
 from pyro_flat import metrics
+from pyro_flat.cli import ClassifierModel  # tutorial 01 writes this model out
 from pyro_flat.datasets import load_dataset
 from pyro_flat.infer import L2E, SGLD, CyclicalSGLD
 from pyro_flat.infer.l2e_meta import MetaTrainConfig, MetaTrainer
@@ -47,7 +48,8 @@ torch.set_num_threads(1)
 # ## A Bayesian MLP on digits
 #
 # The model uses Pyro's subsampling idiom: minibatch indices first, the network outside the
-# plate, the observations inside it (scaled by N / B). L2E reads the dataset size N from the
+# plate, the observations inside it (scaled by N / B): `pyro_flat.cli.ClassifierModel`, which
+# tutorial 01 spells out. L2E reads the dataset size N from the
 # plate: its default step size is the authors' `sqrt(step_mult / N)`.
 
 # %%
@@ -57,19 +59,6 @@ data = load_dataset("digits")
 def make_net():
     net = torch.nn.Sequential(torch.nn.Linear(64, 100), torch.nn.ReLU(), torch.nn.Linear(100, 10))
     return make_bayesian(net, prior_scale=3.0, scale_rule="fan_in")
-
-
-class Classifier:
-    def __init__(self, net, batch_size=128):
-        self.net, self.batch_size = net, batch_size
-
-    def __call__(self, x, y):
-        plate = pyro.plate("data", x.shape[0], subsample_size=self.batch_size)
-        with plate as ind:
-            pass
-        logits = self.net(x[ind])
-        with plate:
-            pyro.sample("obs", pyro.distributions.Categorical(logits=logits), obs=y[ind])
 
 
 # %% [markdown]
@@ -97,7 +86,7 @@ scores = {}
 for name in ("L2E", "SGLD", "cyclical SGLD"):
     pyro.set_rng_seed(0)
     net = make_net()
-    kernel = kernel_for(name, Classifier(net))
+    kernel = kernel_for(name, ClassifierModel(net, batch_size=128))
     mcmc = MCMC(kernel, num_samples=DRAWS, warmup_steps=DRAWS, disable_progbar=QUICK)
     mcmc.run(data.x_train, data.y_train)
     probs = bma_probs(net, mcmc.get_samples(), data.x_test)
