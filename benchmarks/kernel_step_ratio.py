@@ -9,13 +9,20 @@ threads) and the CPU time of the main thread. EntropyMCMC draws its guide's nois
 worker thread when a core is spare (``pyro_flat/infer/mcmc/noise.py``): the main thread's ratio
 is then its step time on a machine where that thread has a core of its own, and the process
 CPU ratio its step time on a single core, which the row "noise in line" measures directly.
-Issue targets: EntropyMCMC <= 1.1x, SASGLD <= 2.2x (two gradients per step), ContourSGLD <= 1.1x.
+The "total" column is the ratio of the summed times over all rounds (a mean step time), which a
+few slow rounds move more than the median. ``--threads`` sets torch's intra-op threads (default
+1, which leaves the second core of a 2-core machine spare; ``--threads 2`` is torch's default
+there, and then EntropyMCMC draws its noise in line).
+The underdamped form of EntropyMCMC is best read against the SGHMC row (same friction, momentum
+updates of its own). Issue targets: EntropyMCMC <= 1.1x, SASGLD <= 2.2x (two gradients per
+step), ContourSGLD <= 1.1x.
 
 Run::
 
-    .venv/bin/python benchmarks/kernel_step_ratio.py [--rounds 60 --chunk 3 --quick]
+    .venv/bin/python benchmarks/kernel_step_ratio.py [--rounds 60 --chunk 3 --threads 1 --quick]
 
-It prints a Markdown table and writes ``benchmarks/results/kernel_step_ratio.{json,md}``.
+It prints a Markdown table and writes ``benchmarks/results/kernel_step_ratio.{json,md}``
+(``kernel_step_ratio_threads<N>.*`` for ``--threads N`` other than 1).
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import step_overhead as so  # noqa: E402
 
-from pyro_flat.infer import SASGLD, SGLD, ContourSGLD, EntropyMCMC  # noqa: E402
+from pyro_flat.infer import SASGLD, SGHMC, SGLD, ContourSGLD, EntropyMCMC  # noqa: E402
 
 STEP = so.STEP_SIZE
 KERNELS = {
@@ -44,6 +51,9 @@ KERNELS = {
                                          num_steps_per_sample=so.STEPS_PER_DRAW),
     "EntropyMCMC (noise in line)": lambda m: in_line(EntropyMCMC(
         m, step_size=STEP, eta=STEP / 0.025, num_steps_per_sample=so.STEPS_PER_DRAW)),
+    # the momentum baseline of the underdamped form (same friction and step)
+    "SGHMC": lambda m: SGHMC(m, step_size=STEP, friction=0.1 / STEP,
+                             num_steps_per_sample=so.STEPS_PER_DRAW),
     "EntropyMCMC (underdamped)": lambda m: EntropyMCMC(
         m, step_size=STEP, eta=STEP / 0.025, friction=0.1 / STEP,
         num_steps_per_sample=so.STEPS_PER_DRAW),
@@ -87,14 +97,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--chunk", type=int, default=3, help="draws per kernel per round")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.chunk = 4, 1
-    torch.set_num_threads(1)
+    if args.threads < 1:
+        parser.error(f"--threads must be an integer >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
     lines = ["| network | kernel | ms/step | ratio to SGLD (wall, median [quartiles]) | "
-             "ratio (process CPU) | ratio (main-thread CPU) |", "|---|---|---:|---|---:|---:|"]
+             "ratio (wall, total) | ratio (process CPU) | ratio (main-thread CPU) |",
+             "|---|---|---:|---|---:|---:|---:|"]
     rows = []
     for network, (make_net, input_shape) in so.NETWORKS.items():
         pyro.set_rng_seed(0)
@@ -118,25 +132,31 @@ def main(argv: list[str] | None = None) -> None:
                 "network": network, "kernel": name,
                 "ms_per_step": 1e3 * statistics.median(t[0] for t in ts) / steps,
                 "ratio_wall": statistics.median(wall), "ratio_wall_q1": q1,
-                "ratio_wall_q3": q3, "ratio_cpu": statistics.median(cpu),
+                "ratio_wall_q3": q3,
+                "ratio_wall_total": sum(t[0] for t in ts) / sum(b[0] for b in base),
+                "ratio_cpu": statistics.median(cpu),
                 "ratio_main_thread_cpu": statistics.median(thread),
             }
             rows.append(row)
             lines.append(f"| {network} | {name} | {row['ms_per_step']:.3f} | "
                          f"{row['ratio_wall']:.2f} [{q1:.2f}, {q3:.2f}] | "
+                         f"{row['ratio_wall_total']:.2f} | "
                          f"{row['ratio_cpu']:.2f} | {row['ratio_main_thread_cpu']:.2f} |")
     table = "\n".join(lines)
     print(table)
     meta = {"command": " ".join(["python", *sys.argv]), "rounds": args.rounds,
+            "threads": args.threads,
             "steps_per_chunk": args.chunk * so.STEPS_PER_DRAW, "torch": torch.__version__,
             "cpu": so.cpu_model(),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
-    suffix = "_quick" if args.quick else ""
+    suffix = ("_quick" if args.quick else "") + (
+        f"_threads{args.threads}" if args.threads != 1 else "")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"kernel_step_ratio{suffix}.json").write_text(
         json.dumps({"meta": meta, "rows": rows}, indent=1))
     (args.out / f"kernel_step_ratio{suffix}.md").write_text(
-        "# Kernel step time relative to SGLD (batch 128, 1 thread, 10 SG steps per draw)\n\n"
+        f"# Kernel step time relative to SGLD (batch 128, {args.threads} thread(s), "
+        "10 SG steps per draw)\n\n"
         + f"- command: `{meta['command']}`; {meta['rounds']} interleaved rounds of "
         + f"{meta['steps_per_chunk']} steps per kernel; "
         + f"{meta['cpu']}; torch {meta['torch']}; {meta['date']}\n\n" + table + "\n")

@@ -50,16 +50,17 @@ class EntropyMCMC(SGMCMCKernel):
     :math:`M`) on the same joint energy instead: the underdamped form.
 
     **Cost.** One gradient per step, as SGLD; beyond SGLD's update, three vector passes (the
-    coupling as two ``lerp_``, the guide's noise) and a second Gaussian vector
-    :math:`\xi_2`. That vector is the cost that remains on a CPU: torch's ``normal_``, the
-    fastest exact generator measured here (``benchmarks/results/gaussian_generators.md``),
-    takes about 15% of an SGLD step of a 784-100-100-10 MLP at batch 128, so drawn in line a
-    step costs 1.14-1.20x SGLD's on that network (1.03-1.05x on a small CNN, whose gradient
-    dominates).
-    :math:`\xi_2` does not depend on the step, so when a core is spare it is drawn ahead in
-    blocks on a worker thread (:class:`~pyro_flat.infer.mcmc.noise.PrefetchedNormal`, same
-    values; attribute ``prefetch_noise``): the main thread then spends 1.06x SGLD's time per
-    step (``benchmarks/results/kernel_step_ratio.md``).
+    coupling as two ``lerp_``, the guide's noise) and a second Gaussian vector :math:`\xi_2`.
+    On a CPU that vector is the cost that remains: torch's ``normal_``, the fastest exact
+    generator measured here (``benchmarks/results/gaussian_generators.md``), takes about 20% of
+    an SGLD step of a 784-100-100-10 MLP at batch 128, so drawn in line a step costs 1.25x
+    SGLD's on that network (1.01-1.03x on a small CNN, whose gradient dominates).
+    :math:`\xi_2` does not depend on the step, so when a core is spare (torch's intra-op
+    threads leave one free) it is drawn ahead in blocks on a worker thread
+    (:class:`~pyro_flat.infer.mcmc.noise.PrefetchedNormal`, same values; attribute
+    ``prefetch_noise``), and the MLP step costs 1.09x SGLD's. When torch's threads hold every
+    core (its default) it is drawn in line: 1.29x on the MLP with two threads on two cores
+    (``benchmarks/results/kernel_step_ratio_threads2.md``).
 
     **Draws** hold :math:`\theta` under the model's site names and :math:`\theta_a` under the same
     names with the suffix ``"__guide"``; :func:`select_draws` maps either (or both) onto the
@@ -180,6 +181,14 @@ class EntropyMCMC(SGMCMCKernel):
 
     def aux_generator_state(self) -> torch.Tensor:
         return self._guide_noise.generator_state()
+
+    def cleanup(self) -> None:
+        """End of a run (called by ``MCMC``): stop the noise worker thread, so that no thread of
+        this kernel outlives the run (e.g. into chains forked for a later multi-chain run)."""
+        guide_noise = getattr(self, "_guide_noise", None)
+        if guide_noise is not None:
+            guide_noise.close()
+        super().cleanup()
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

@@ -2,7 +2,7 @@
 
 Drawing a Gaussian vector the size of a network is the one cost of a second set of variables
 (EntropyMCMC's guiding copy :math:`\\theta_a`) that does not shrink with the model's forward pass:
-for the 784-100-100-10 MLP (89,610 floats) at batch 128 it is about 15% of an SGLD step.
+for the 784-100-100-10 MLP (89,610 floats) at batch 128 it is about 20% of an SGLD step.
 Measured on one core of this project's (shared, loaded) machine, interleaved
 (``benchmarks/results/gaussian_generators.md``; 3.4 ns per float at a quieter moment),
 torch's ``normal_`` (MT19937 uniforms and a fused, vectorised Box-Muller) is the fastest of the
@@ -21,10 +21,11 @@ generator, in order, so the values are exactly those of synchronous draws and ru
 reproducible; blocks (up to 8 vectors, at most 4 MiB) make the hand-over between threads rare.
 If the worker has not started the next block when it is needed, the calling thread cancels it
 and draws the block itself. Without a spare core (``torch.get_num_threads()`` already uses
-every core this process may run on) or off the CPU it draws in line. On the MLP
-(``benchmarks/results/kernel_step_ratio.md``) the main thread of EntropyMCMC then spends 1.06x
-SGLD's time per step, against 1.19x with the noise drawn in line; on a machine where other
-work holds every core the worker thread does not help (wall time 1.20x).
+every core this process may run on) or off the CPU it draws in line. Measured side by side on
+an idle 2-core machine (``benchmarks/results/kernel_step_ratio.md``, one torch thread), an
+EntropyMCMC step of the MLP costs 1.09x SGLD's with the worker thread and 1.25x with the noise
+drawn in line; with torch's default two threads there is no spare core
+(``kernel_step_ratio_threads2.md``: 1.29x).
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class PrefetchedNormal:
         self._pending: Future | None = None
         self._state_before_pending: torch.Tensor | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._pid = os.getpid()  # a forked child has no worker thread: see close()
 
     def next(self) -> torch.Tensor:
         """The next standard-normal vector (valid until the following call)."""
@@ -136,7 +138,16 @@ class PrefetchedNormal:
         return self._generator.get_state()
 
     def close(self) -> None:
-        """Finish the pending draw and stop the worker thread."""
+        """Finish the pending draw and stop the worker thread.
+
+        The stream stays usable (a later :meth:`next` starts a new worker) and
+        :meth:`generator_state` unchanged. In a process forked from the one that made this
+        object the worker thread does not exist and a draw it had in flight never finishes:
+        there the object is only dropped, without waiting.
+        """
+        if os.getpid() != self._pid:
+            self._pending, self._pool = None, None
+            return
         if self._pending is not None:
             self._pending.result()
         if self._pool is not None:
