@@ -3,8 +3,12 @@
 Each method trains the same MLP (in-100-100-classes, ReLU, Gaussian prior with the fan-in rule,
 the settings of ``pyro-flat compare``) for the same number of SG steps (one gradient each) on
 MNIST-1D and scikit-learn digits, keeps the same number of draws, and is scored by the Bayesian
-model average on the test set: accuracy, NLL, ECE; plus the mean sharpness of the draws
-(:func:`pyro_flat.flatness.sharpness`, rho = 0.05, on 1,000 training points). EntropyMCMC is
+model average on the test set: accuracy, NLL, ECE; plus two flatness measures of the draws on
+1,000 training points: the mean sharpness (:func:`pyro_flat.flatness.sharpness`, rho = 0.05,
+the worst loss rise in a ball, which also grows with the gradient at a draw off a minimum) and
+the mean top Hessian eigenvalue of the mean loss (:func:`pyro_flat.flatness.
+hessian_top_eigenvalue`, curvature alone; power iteration to a relative change of 1e-3, on
+every third kept draw). EntropyMCMC is
 scored three ways: the model average of its theta draws, of its guide (theta_a) draws, and of
 both. Every number is the mean over seeds, with the standard deviation over seeds.
 
@@ -33,7 +37,7 @@ from pyro.infer import MCMC
 from pyro_flat import metrics
 from pyro_flat.cli import ClassifierModel, Settings, build_mlp
 from pyro_flat.datasets import load_dataset
-from pyro_flat.flatness import sharpness
+from pyro_flat.flatness import hessian_top_eigenvalue, mean_loss, sharpness
 from pyro_flat.infer import SGLD, CyclicalSGLD, EntropyMCMC
 from pyro_flat.infer.mcmc.entropy import select_draws
 from pyro_flat.nn import make_bayesian
@@ -43,6 +47,18 @@ SETTINGS = Settings()
 #: epsilon / eta, the authors' CIFAR-10 ratio (lr 0.5 over 50,000 points, eta = 4e-4)
 STEP_OVER_ETA = 0.025
 KEPT, WARMUP = 12, 4  # draws kept and discarded, equal for every method
+CURVATURE_EVERY = 3  # top Hessian eigenvalue of every third kept draw (4 of 12)
+
+
+def mean_top_eigenvalue(net, draws: dict, x, y, seed: int) -> float:
+    """Mean over every ``CURVATURE_EVERY``-th draw of the top Hessian eigenvalue of the loss."""
+    loss = mean_loss(net, x, y)
+    count = len(next(iter(draws.values())))
+    generator = torch.Generator().manual_seed(seed)
+    values = [hessian_top_eigenvalue(loss, {k: v[i] for k, v in draws.items()}, num_iters=100,
+                                     tol=1e-3, generator=generator)[0]
+              for i in range(0, count, CURVATURE_EVERY)]
+    return statistics.fmean(values)
 
 
 def run_method(method: str, data, steps: int, seed: int) -> list[dict]:
@@ -81,6 +97,7 @@ def run_method(method: str, data, steps: int, seed: int) -> list[dict]:
             "nll": metrics.nll(probs, data.y_test),
             "ece": metrics.ece(probs, data.y_test),
             "sharpness": float(sharpness(net, draws, x_sharp, y_sharp, rho=0.05).mean()),
+            "top_eigenvalue": mean_top_eigenvalue(net, draws, x_sharp, y_sharp, seed),
             "grad_evals": kernel.num_steps,
             "draws": len(next(iter(draws.values()))),
             "wall_time_s": seconds,
@@ -93,7 +110,7 @@ def summarise(rows: list[dict]) -> list[dict]:
     for method in dict.fromkeys(r["method"] for r in rows):
         group = [r for r in rows if r["method"] == method]
         entry = {"method": method, "seeds": len(group)}
-        for key in ("accuracy", "nll", "ece", "sharpness", "wall_time_s"):
+        for key in ("accuracy", "nll", "ece", "sharpness", "top_eigenvalue", "wall_time_s"):
             values = [r[key] for r in group]
             entry[key] = statistics.fmean(values)
             entry[key + "_sd"] = statistics.stdev(values) if len(values) > 1 else 0.0
@@ -106,11 +123,12 @@ def summarise(rows: list[dict]) -> list[dict]:
 def table(dataset: str, steps: int, summary: list[dict]) -> str:
     lines = [f"### {dataset}: {steps} SG steps (gradients) per method, batch "
              f"{SETTINGS.batch_size}, {KEPT} kept draws after {WARMUP} warmup draws", "",
-             "| method | accuracy | NLL | ECE | sharpness | grad evals | draws | wall s |",
-             "|---|---|---|---|---|---:|---:|---:|"]
+             "| method | accuracy | NLL | ECE | sharpness | top Hessian eigenvalue | grad evals | "
+             "draws | wall s |", "|---|---|---|---|---|---|---:|---:|---:|"]
     for e in summary:
         keys = ("accuracy", "nll", "ece", "sharpness")
         cells = [f"{e[k]:.4f} ± {e[k + '_sd']:.4f}" for k in keys]
+        cells.append(f"{e['top_eigenvalue']:.3g} ± {e['top_eigenvalue_sd']:.2g}")
         lines.append(f"| {e['method']} | " + " | ".join(cells)
                      + f" | {e['grad_evals']} | {e['draws']} | {e['wall_time_s']:.1f} |")
     return "\n".join(lines)

@@ -3,15 +3,17 @@
 Drawing a Gaussian vector the size of a network is the one cost of a second set of variables
 (EntropyMCMC's guiding copy :math:`\\theta_a`) that does not shrink with the model's forward pass:
 for the 784-100-100-10 MLP (89,610 floats) at batch 128 it is about 20% of an SGLD step.
-Measured on one core of this project's (shared, loaded) machine, interleaved
-(``benchmarks/results/gaussian_generators.md``; 3.4 ns per float at a quieter moment),
-torch's ``normal_`` (MT19937 uniforms and a fused, vectorised Box-Muller) is the fastest of the
-ready-made exact generators: NumPy's ziggurat ``Generator(SFC64 | PCG64 | Philox)
-.standard_normal(dtype=float32, out=...)`` takes 2.1-2.9 times as long and ``erfinv`` of torch
-uniforms 1.8 times. Box-Muller written with NumPy's vectorised ``log``/``sin``/``cos`` on raw
-``SFC64`` bits takes 0.6-0.9 times as long (0.86 in the committed table; wide spread): it
-would save at most about 6% of that SGLD step, not enough to bring a step drawn in line to
-1.1x SGLD's, for a second kind of random state in checkpoints and a hand-written transform.
+Measured on one core of an idle machine, interleaved
+(``benchmarks/results/gaussian_generators.md``: 3.4 ns per float), torch's ``normal_``
+(MT19937 uniforms and a fused, vectorised Box-Muller) is the fastest of the ready-made exact
+generators: NumPy's ziggurat ``Generator(SFC64 | PCG64 | Philox).standard_normal(dtype=float32,
+out=...)`` takes 2.2-3.3 times as long and ``erfinv`` of torch uniforms 1.5 times. Box-Muller
+written with NumPy's vectorised ``log``/``sin``/``cos`` on raw ``SFC64`` bits takes 0.73 times
+as long: it would save about 4% of that SGLD step, far from bringing a step drawn in line
+(1.25x SGLD's) to 1.1x, for a second kind of random state in checkpoints and a hand-written
+transform. The 1.1x target leaves about 0.19 ms per step for the second vector on that MLP;
+the raw ``SFC64`` bits take 0.08 ms, which would leave 0.11 ms for an exact transform of
+89,610 values, and the fastest vectorised one available here (NumPy's) takes 0.15 ms.
 So the draw stays torch's and leaves the critical path instead.
 
 The noise is independent of everything else in a step, and :class:`PrefetchedNormal` fills the
