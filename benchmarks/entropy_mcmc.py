@@ -6,9 +6,9 @@ MNIST-1D and scikit-learn digits, keeps the same number of draws, and is scored 
 model average on the test set: accuracy, NLL, ECE; plus two flatness measures of the draws on
 1,000 training points: the mean sharpness (:func:`pyro_flat.flatness.sharpness`, rho = 0.05,
 the worst loss rise in a ball, which also grows with the gradient at a draw off a minimum) and
-the mean top Hessian eigenvalue of the mean loss (:func:`pyro_flat.flatness.
-hessian_top_eigenvalue`, curvature alone; power iteration to a relative change of 1e-3, on
-every third kept draw). EntropyMCMC is
+the mean top Hessian eigenvalue of the mean loss
+(:func:`pyro_flat.flatness.hessian_top_eigenvalue`, curvature alone; power iteration to a
+relative change of 1e-3, on every third kept draw). EntropyMCMC is
 scored three ways: the model average of its theta draws, of its guide (theta_a) draws, and of
 both. Every number is the mean over seeds, with the standard deviation over seeds.
 
