@@ -9,9 +9,10 @@ schedules, thinning, warmup counting, per-draw statistics, divergence handling a
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -74,8 +75,11 @@ class SGMCMCKernel(MCMCKernel):
     data_plate : str, optional
         The name of the plate to subsample, when several plates enclose the observations.
     max_nonfinite_steps : int
-        A chain whose potential or gradient stays non-finite this many steps in a row stops
-        with an error; shorter runs only mark their draws ``diverging`` and skip the update.
+        A chain whose potential or gradient was non-finite at this many of its last
+        ``2 * max_nonfinite_steps`` SG steps stops with an error that names the site and the
+        step, also when finite and non-finite steps alternate (a chain that falls back to its
+        last finite state and blows up again from there). Fewer non-finite steps only mark
+        their draws ``diverging`` and skip the update.
 
     Notes
     -----
@@ -110,8 +114,14 @@ class SGMCMCKernel(MCMCKernel):
             raise ValueError("give exactly one of model and potential_fn")
         if step_size is None and step_size_schedule is None:
             raise ValueError("step_size is required: a finite number in (0, inf)")
-        if step_size_schedule is not None and not callable(step_size_schedule):
-            raise ValueError("step_size_schedule must be a callable of the step index")
+        if step_size_schedule is not None:
+            _check_schedule(step_size_schedule)
+        if init_strategy is not None and not callable(init_strategy):
+            raise TypeError(
+                f"init_strategy must be a callable Pyro init strategy such as "
+                f"pyro.infer.autoguide.init_to_median (or None for the network's own "
+                f"initialisation), got {init_strategy!r}"
+            )
         if subsample_size is not None:
             validation.integer_at_least("subsample_size", subsample_size, 1)
             if potential_fn is not None:
@@ -156,6 +166,15 @@ class SGMCMCKernel(MCMCKernel):
 
     def reset_kernel_state(self) -> None:
         """Called when the chain falls back to its last draw after a non-finite step."""
+
+    def check_step_size(self, step_size: float) -> None:
+        """Raise ``ValueError`` if the update is unstable at ``step_size``.
+
+        A kernel with a stability condition (e.g. SGHMC's per-step momentum decay
+        ``step_size * friction / mass`` in ``(0, 1]``) states it here. It is checked for a
+        constant ``step_size`` when the kernel is built and for every value a
+        ``step_size_schedule`` returns, at the step that uses it.
+        """
 
     def auxiliary_state(self) -> torch.Tensor | None:
         """A flat tensor returned with every draw as extra sites (see :meth:`auxiliary_name`).
@@ -202,6 +221,7 @@ class SGMCMCKernel(MCMCKernel):
         self._draw = 0
         self._stream: MinibatchStream | None = None
         if self.model is not None:
+            _check_finite_arguments(args, kwargs)
             if self.init_strategy is None:
                 from pyro_flat.nn import init_to_network as init_strategy
             else:
@@ -248,6 +268,8 @@ class SGMCMCKernel(MCMCKernel):
         self._pending: int | None = None
         self._rng_at_end = None
         self._nonfinite = 0
+        self._recent_nonfinite: deque[bool] = deque(maxlen=2 * self.max_nonfinite_steps)
+        self._num_recent_nonfinite = 0
         self._num_diverging = 0
         self._last = (math.nan, math.nan, math.nan)
         self._draw_layout = self._make_draw_layout()
@@ -320,6 +342,15 @@ class SGMCMCKernel(MCMCKernel):
             dtype = torch.bool if name == "diverging" else torch.get_default_dtype()
             stats[name] = torch.tensor(values, dtype=dtype)
         divergences = [i for i, d in enumerate(self._stats["diverging"]) if d]
+        if divergences:
+            warnings.warn(
+                f"{type(self).__name__}: {len(divergences)} of {len(stats['diverging'])} draws "
+                "are marked diverging (a non-finite potential or gradient on the way to the "
+                "draw; that step was skipped). See sample_stats['diverging'] and try a smaller "
+                "step_size",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self._warn_if_blown_up(stats["grad_norm"])
         return {"divergences": divergences, "sample_stats": stats, "num_sg_steps": self._t}
 
@@ -350,6 +381,8 @@ class SGMCMCKernel(MCMCKernel):
         """``(U, grad U)`` at the current parameters; the gradient is written to a flat buffer."""
         with torch.enable_grad():
             u = torch.as_tensor(self.potential(self._params, batch))
+            if u.dim():
+                u = _as_scalar(u)
             if u.requires_grad:
                 grads = torch.autograd.grad(u, self._leaves, allow_unused=True)
             else:
@@ -378,7 +411,12 @@ class SGMCMCKernel(MCMCKernel):
                 f"step_size_schedule({self._t}) returned {eps!r}; it must return a finite "
                 "number in (0, inf)"
             )
-        return float(eps)
+        eps = float(eps)
+        try:
+            self.check_step_size(eps)
+        except ValueError as e:
+            raise ValueError(f"step_size_schedule({self._t}) returned {eps!r}: {e}") from None
+        return eps
 
     def _sg_step(self) -> None:
         eps = self.current_step_size()
@@ -392,6 +430,10 @@ class SGMCMCKernel(MCMCKernel):
             if not finite:
                 self._stats["diverging"][self._pending] = True
             self._pending = None
+        recent = self._recent_nonfinite
+        if len(recent) == recent.maxlen:
+            self._num_recent_nonfinite -= recent[0]
+        recent.append(not finite)
         if finite:
             self._z_finite.copy_(self._z)
             self.update(self._z, grad, eps)
@@ -402,7 +444,8 @@ class SGMCMCKernel(MCMCKernel):
             self._diverged = True
             self._num_diverging += 1
             self._nonfinite += 1
-            if self._nonfinite >= self.max_nonfinite_steps:
+            self._num_recent_nonfinite += 1
+            if self._num_recent_nonfinite >= self.max_nonfinite_steps:
                 raise RuntimeError(self._divergence_message(u, grad))
             self._z.copy_(self._z_finite)
             self.reset_kernel_state()
@@ -436,12 +479,21 @@ class SGMCMCKernel(MCMCKernel):
             self._stats["diverging"][i] = True
 
     def _divergence_message(self, u: float, grad: torch.Tensor) -> str:
-        sites = self._layout.nonfinite_sites(grad) or self._layout.nonfinite_sites(self._z)
-        where = f"; non-finite gradient at sites {sites}" if sites else ""
+        sites = self._layout.nonfinite_sites(grad)
+        if sites:
+            where = f"; non-finite gradient at sites {sites}"
+        elif sites := self._layout.nonfinite_sites(self._z):
+            where = f"; non-finite parameters at sites {sites}"
+        else:  # every element finite, but U or the gradient's norm overflows
+            sizes = {s.name: float(grad[s.offset : s.stop].abs().max())
+                     for s in self._layout.sites if s.numel}
+            name = max(sizes, key=sizes.get)
+            where = f"; the largest gradient, {sizes[name]:.3g}, is at site {name!r}"
         return (
-            f"the chain diverged: the potential or its gradient was non-finite for "
-            f"{self._nonfinite} consecutive SG steps, the last at step {self._t} "
-            f"(U = {u}){where}. Try a smaller step_size."
+            f"the chain diverged: the potential or its gradient was non-finite at "
+            f"{self._num_recent_nonfinite} of the last {len(self._recent_nonfinite)} SG steps "
+            f"({self._nonfinite} in a row), the last at step {self._t} (U = {u}){where}. "
+            "Try a smaller step_size."
         )
 
     # ------------------------------------------------------------------ checkpoints
@@ -511,6 +563,45 @@ class SGMCMCKernel(MCMCKernel):
                 continue
             keep[k] = v
         return keep
+
+
+def _check_schedule(schedule: Any) -> None:
+    """A step-size schedule must be a callable of one argument, the SG step index."""
+    if not callable(schedule):
+        raise ValueError(
+            f"step_size_schedule must be a callable of the step index, got {schedule!r}"
+        )
+    try:
+        inspect.signature(schedule).bind(0)
+    except TypeError:
+        raise TypeError(
+            "step_size_schedule must take one argument, the SG step index t = 0, 1, ..., and "
+            f"return the step size; {schedule!r} cannot be called as step_size_schedule(t)"
+        ) from None
+    except ValueError:  # no signature to inspect (some builtins): trust it
+        pass
+
+
+def _check_finite_arguments(args: tuple, kwargs: dict) -> None:
+    """Raise ``ValueError`` naming the first model argument that holds a NaN or an infinity."""
+    named = [(f"model argument {i} (positional)", a) for i, a in enumerate(args)]
+    named += [(f"model argument {k!r}", a) for k, a in kwargs.items()]
+    for name, a in named:
+        if torch.is_tensor(a) and a.is_floating_point() and not bool(torch.isfinite(a).all()):
+            bad = int((~torch.isfinite(a)).sum())
+            raise ValueError(
+                f"{name} holds {bad} non-finite value(s) (NaN or inf); the potential would be "
+                "non-finite at every step. Remove or impute them before mcmc.run(...)"
+            )
+
+
+def _as_scalar(u: torch.Tensor) -> torch.Tensor:
+    if u.numel() != 1:
+        raise ValueError(
+            f"the potential must be a scalar (one number, U of all parameters), got a tensor "
+            f"of shape {tuple(u.shape)}; sum the terms of a potential_fn before returning them"
+        )
+    return u.reshape(())
 
 
 def _device_of(args: tuple, kwargs: dict) -> torch.device:

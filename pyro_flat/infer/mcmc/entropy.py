@@ -142,12 +142,15 @@ class EntropyMCMC(SGMCMCKernel):
         self.tempered_coupling = bool(tempered_coupling)
         self.coupling = bool(coupling)
         if self.step_size is not None:
-            factor = 1.0 if self.tempered_coupling else max(self.temperature, 1e-300)
-            validation.in_range("step_size * coupling / eta", self.step_size * factor / self.eta,
-                                0.0, 1.0, closed="()")
-            if self.friction is not None:
-                validation.in_range("step_size * friction / mass",
-                                    self.step_size * self.friction / self.mass, 0, 1, closed="(]")
+            self.check_step_size(self.step_size)
+
+    def check_step_size(self, step_size: float) -> None:
+        factor = 1.0 if self.tempered_coupling else max(self.temperature, 1e-300)
+        validation.in_range("step_size * coupling / eta", step_size * factor / self.eta,
+                            0.0, 1.0, closed="()")
+        if self.friction is not None:
+            validation.in_range("step_size * friction / mass",
+                                step_size * self.friction / self.mass, 0, 1, closed="(]")
 
     def init_kernel_state(self, z: torch.Tensor) -> None:
         self._guide = z.detach().clone()

@@ -13,8 +13,11 @@ from torch.distributions import Transform
 class Site:
     """One latent site: its slice of the flat vector and its bijection to the constrained space.
 
-    ``transform`` maps the unconstrained value to the constrained one (``biject_to(support)``);
-    ``None`` means the identity (real support), which the hot path skips.
+    ``shape`` is the shape of the *unconstrained* value that the flat vector holds; it differs
+    from the site's own shape when the transform changes it (a simplex of 3 is held as 2
+    numbers, a 3x3 LKJ Cholesky factor as 3). ``transform`` maps the unconstrained value to the
+    constrained one (``biject_to(support)``); ``None`` means the identity (real support), which
+    the hot path skips.
     """
 
     name: str

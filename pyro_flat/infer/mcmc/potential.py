@@ -348,10 +348,13 @@ def trace_model(
                 "x[ind], then re-enter the plate for the observation"
             )
         transform = biject_to(fn.support)
-        shapes[name] = value.shape
+        unconstrained = transform.inv(value).detach()
+        # The flat vector holds the unconstrained value, whose shape differs from the site's
+        # for shape-changing transforms (simplex 3 -> 2, LKJ Cholesky 3x3 -> 3, ...).
+        shapes[name] = unconstrained.shape
         if not _is_identity(transform):
             transforms[name] = transform
-        init[name] = transform.inv(value).detach()
+        init[name] = unconstrained
     if not shapes:
         raise ValueError("the model has no latent sample sites to sample")
     layout = FlatLayout.from_shapes(shapes, transforms)

@@ -109,10 +109,13 @@ class SGHMC(SGMCMCKernel):
             "noise_estimate", noise_estimate, 0.0, self.friction
         )
         if self.step_size is not None:
-            validation.in_range(
-                "step_size * friction / mass", self.step_size * self.friction / self.mass, 0, 1,
-                closed="(]",
-            )
+            self.check_step_size(self.step_size)
+
+    def check_step_size(self, step_size: float) -> None:
+        validation.in_range(
+            "step_size * friction / mass", step_size * self.friction / self.mass, 0, 1,
+            closed="(]",
+        )
 
     @classmethod
     def from_sgd(

@@ -154,15 +154,19 @@ class SASGLD(SGMCMCKernel):
         self.geometry = bool(geometry)
         self.friction = None if friction is None else validation.positive("friction", friction)
         self.mass = validation.positive("mass", mass)
-        if self.friction is not None and self.step_size is not None:
-            validation.in_range("step_size * friction / mass",
-                                self.step_size * self.friction / self.mass, 0, 1, closed="(]")
+        if self.step_size is not None:
+            self.check_step_size(self.step_size)
         self.batchnorm_modules = list(batchnorm_modules or [])
         for m in self.batchnorm_modules:
             if not isinstance(m, nn.modules.batchnorm._NormBase):
                 raise ValueError(
                     f"batchnorm_modules must hold BatchNorm modules, got {type(m).__name__}"
                 )
+
+    def check_step_size(self, step_size: float) -> None:
+        if self.friction is not None:
+            validation.in_range("step_size * friction / mass",
+                                step_size * self.friction / self.mass, 0, 1, closed="(]")
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
         super().setup(warmup_steps, *args, **kwargs)

@@ -224,7 +224,8 @@ def test_nonfinite_steps_are_skipped_and_marked_diverging():
 def test_chain_that_stays_nonfinite_stops_with_an_error():
     kernel = SGLD(potential_fn=Exploding(after=20), initial_params={"x": torch.zeros(3)},
                   step_size=0.1, max_nonfinite_steps=10)
-    with pytest.raises(RuntimeError, match=r"10 consecutive SG steps, the last at step 29"):
+    with pytest.raises(RuntimeError, match=r"10 of the last 20 SG steps \(10 in a row\), "
+                                           r"the last at step 29"):
         harness.run(kernel, 100, 0)
 
 
