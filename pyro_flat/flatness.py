@@ -80,8 +80,7 @@ def sharpness(
     Nguyen, V.-A. et al. (2023). Flat seeking Bayesian neural networks. NeurIPS.
     """
     rho = validation.positive("rho", rho)
-    if task not in ("classification", "regression"):
-        raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
+    _check_task_and_data(task, x, y)
     sites = _sampled_sites(net, x[:1])
     missing = [s for s in sites if s not in draws]
     if missing:
@@ -120,9 +119,20 @@ def mean_loss(
     (cross-entropy of logits, or half the squared error for ``task="regression"``), the loss
     :func:`sharpness` measures.
     """
+    _check_task_and_data(task, x, y)
+    return lambda params: _mean_nll(net, params, x, y, task)
+
+
+def _check_task_and_data(task: str, x: torch.Tensor, y: torch.Tensor) -> None:
     if task not in ("classification", "regression"):
         raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
-    return lambda params: _mean_nll(net, params, x, y, task)
+    if not (torch.is_tensor(x) and torch.is_tensor(y)) or x.dim() < 1 or y.dim() < 1:
+        raise ValueError("x and y must be tensors with one row per data point")
+    if len(x) != len(y) or len(x) == 0:
+        raise ValueError(
+            f"y must hold one target per row of x, and x at least one row: len(x) = {len(x)}, "
+            f"len(y) = {len(y)}"
+        )
 
 
 def _leaves(params: Params) -> dict[str, torch.Tensor]:

@@ -34,6 +34,12 @@ def _latent_sites(net: torch.nn.Module, x: torch.Tensor) -> dict[str, torch.Size
     try:
         with torch.no_grad():
             trace = poutine.trace(net).get_trace(x)
+    except (RuntimeError, ValueError, IndexError) as e:
+        raise ValueError(
+            f"model_net cannot run on x of shape (num_data, *{tuple(x.shape[1:])}) "
+            f"({str(e).splitlines()[0]}); x must hold one input of the shape the network "
+            "takes per row"
+        ) from e
     finally:
         pyro.util.set_rng_state(rng)
     return {
@@ -67,6 +73,14 @@ def _check_samples(
             raise ValueError(
                 f"samples[{name!r}] must have shape (num_draws, *{tuple(shape)}), got {got} "
                 "(pass mcmc.get_samples(), not group_by_chain=True)"
+            )
+        bad = torch.nonzero(~torch.isfinite(value.reshape(len(value), -1)).all(1)).flatten() \
+            if value.numel() else []
+        if len(bad):
+            raise ValueError(
+                f"samples[{name!r}] holds NaN or inf in {len(bad)} draws (the first: "
+                f"{bad[:5].tolist()}); drop them before averaging, e.g. the draws marked "
+                "diverging in the run's sample_stats"
             )
         if num_draws is None:
             num_draws = value.shape[0]
@@ -125,8 +139,9 @@ def bma_probs(
     ------
     ValueError
         If ``samples`` lacks a sample site of the network, its shapes do not match the sites,
-        the sites hold different numbers of draws, ``x`` is empty, ``batch_size`` is not a
-        positive integer, or the network does not return ``(batch, num_classes)`` logits.
+        the sites hold different numbers of draws or a non-finite draw, ``x`` is empty or does
+        not fit the network, ``batch_size`` is not a positive integer, or the network does not
+        return ``(batch, num_classes)`` logits.
 
     Examples
     --------

@@ -117,3 +117,10 @@ def test_slices_along_a_direction_and_a_segment():
         loss_along_segment(loss, w, {"v": end["w"]})
     with pytest.raises(ValueError, match="num_points"):
         loss_along_segment(loss, w, end, num_points=1)
+
+
+def test_sharpness_names_targets_of_the_wrong_length():
+    net = make_bayesian(torch.nn.Linear(3, 2))
+    draws = {"weight": torch.randn(2, 2, 3), "bias": torch.randn(2, 2)}
+    with pytest.raises(ValueError, match=r"len\(x\) = 10, len\(y\) = 9"):
+        sharpness(net, draws, torch.randn(10, 3), torch.randint(0, 2, (9,)))

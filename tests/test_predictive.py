@@ -155,3 +155,19 @@ def test_network_must_return_logits_matrix(x):
     samples = {"0.weight": torch.randn(2, 1, IN), "0.bias": torch.randn(2, 1)}
     with pytest.raises(ValueError, match=r"logits of shape \(batch, num_classes\)"):
         bma_probs(net, samples, x)
+
+
+def test_bma_probs_names_inputs_that_do_not_fit_the_network():
+    net = make_bayesian(torch.nn.Linear(3, 4))
+    samples = {"weight": torch.randn(5, 4, 3), "bias": torch.randn(5, 4)}
+    match = r"model_net cannot run on x of shape \(num_data, \*\(5,\)\)"
+    with pytest.raises(ValueError, match=match):
+        bma_probs(net, samples, torch.randn(7, 5))
+
+
+def test_bma_probs_refuses_non_finite_draws():
+    net = make_bayesian(torch.nn.Linear(3, 4))
+    samples = {"weight": torch.randn(5, 4, 3), "bias": torch.randn(5, 4)}
+    samples["bias"][2, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"samples\['bias'\] holds NaN or inf in 1 draws .*\[2\]"):
+        bma_probs(net, samples, torch.randn(7, 3))

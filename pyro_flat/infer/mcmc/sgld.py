@@ -202,8 +202,15 @@ class CyclicalSGLD(SGLD):
         self.exploration_fraction = validation.in_range(
             "exploration_fraction", exploration_fraction, 0.0, 1.0, closed="[)"
         )
-        self._sampling_start = math.ceil(self.exploration_fraction * self.cycle_length)
+        # round first: 0.8 * 5 is 4.000000000000001 in floating point, whose ceiling is 5
+        self._sampling_start = math.ceil(round(self.exploration_fraction * self.cycle_length, 9))
         sampling_steps = self.cycle_length - self._sampling_start
+        if sampling_steps == 0:
+            raise ValueError(
+                f"cycle_length={cycle_length} with exploration_fraction={exploration_fraction} "
+                "leaves no SG step of the cycle to sample in: lengthen the cycle or lower the "
+                "exploration fraction"
+            )
         self.draws_per_cycle = validation.integer_at_least("draws_per_cycle", draws_per_cycle, 1)
         if self.draws_per_cycle > sampling_steps:
             raise ValueError(

@@ -8,7 +8,7 @@ import pyro
 import pytest
 import torch
 
-from pyro_flat.infer import SGLD, EntropyMCMC
+from pyro_flat.infer import EntropyMCMC
 from pyro_flat.infer.mcmc.entropy import GUIDE_SUFFIX, select_draws
 
 
@@ -101,21 +101,6 @@ def test_guide_marginal_is_the_smoothed_density():
     assert float(((guide > -2.25) & (guide < -1.75)).double().mean()) < 0.6 * float(peak)
 
 
-def test_without_coupling_theta_is_sgld():
-    x, y = harness.linear_regression_data()
-
-    def run(kernel):
-        return harness.run(kernel, 30, 5, 11, x, y)
-
-    model = harness.BayesianLinearRegression(2, 2.0, 1.0, batch_size=50)
-    a = run(SGLD(model, step_size=1e-4, num_steps_per_sample=3))
-    b = run(EntropyMCMC(model, step_size=1e-4, eta=1e-2, coupling=False, num_steps_per_sample=3))
-    c = run(EntropyMCMC(model, step_size=1e-4, eta=1e-2, num_steps_per_sample=3))
-    for site, values in a.get_samples().items():
-        assert torch.equal(values, b.get_samples()[site])
-        assert not torch.equal(values, c.get_samples()[site])
-
-
 @pytest.mark.parametrize("friction", [None, 100.0])
 def test_prefetched_guide_noise_gives_the_same_draws(friction):
     """The guide's noise drawn ahead on a worker thread, in blocks, or in line: same draws."""
@@ -149,29 +134,6 @@ def test_draws_stats_and_select_draws():
     assert predictive(x, y)["obs"].shape[0] == 20
     with pytest.raises(ValueError, match="which must be"):
         select_draws(samples, "all")
-
-
-@pytest.mark.parametrize("friction", [None, 100.0])
-def test_resume_continues_theta_and_guide(tmp_path, friction):
-    x, y = harness.linear_regression_data()
-
-    def kernel():
-        model = harness.BayesianLinearRegression(2, 2.0, 1.0, batch_size=64)
-        return EntropyMCMC(model, step_size=5e-5, eta=1e-2, friction=friction,
-                           num_steps_per_sample=2)
-
-    harness.assert_resume_continues(kernel, x, y)
-
-
-@pytest.mark.parametrize("eta", [0.0, -1.0, float("nan"), float("inf")])
-def test_bad_eta(eta):
-    with pytest.raises(ValueError, match=r"eta must be a finite number in \(0, inf\)"):
-        EntropyMCMC(harness.logistic_model, step_size=1e-3, eta=eta)
-
-
-def test_unstable_coupling_step_is_refused():
-    with pytest.raises(ValueError, match="step_size \\* coupling / eta"):
-        EntropyMCMC(harness.logistic_model, step_size=1e-2, eta=1e-3)
 
 
 def test_kernel_pickles_after_a_run():

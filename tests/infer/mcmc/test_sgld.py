@@ -155,28 +155,3 @@ def test_sghmc_from_sgd_matches_momentum_form():
     assert k.step_size**2 / k.mass == pytest.approx(0.1 / 1000)
     assert k.step_size * k.friction / k.mass == pytest.approx(0.1)
 
-
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(friction=0.0), "friction"),
-    (dict(mass=-1.0), "mass"),
-    (dict(noise_estimate=2.0), "noise_estimate"),
-    (dict(step_size=2.0), "step_size \\* friction / mass"),
-])
-def test_sghmc_bad_input(kwargs, match):
-    args = dict(step_size=0.1, friction=1.0)
-    args.update(kwargs)
-    with pytest.raises(ValueError, match=match):
-        SGHMC(lambda: None, **args)
-
-
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(cycle_length=1), "cycle_length"),
-    (dict(exploration_fraction=1.0), "exploration_fraction"),
-    (dict(draws_per_cycle=5), "draws_per_cycle"),
-    (dict(num_steps_per_sample=2), "num_steps_per_sample"),
-])
-def test_cyclical_bad_input(kwargs, match):
-    args = dict(step_size=0.1, cycle_length=10)
-    args.update(kwargs)
-    with pytest.raises(ValueError, match=match):
-        CyclicalSGLD(lambda: None, **args)

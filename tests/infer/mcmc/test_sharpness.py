@@ -10,34 +10,12 @@ import torch
 from pyro.nn import PyroModule
 from torch import nn
 
-from pyro_flat.infer import SGHMC, SGLD
 from pyro_flat.infer.mcmc.sharpness import GEOMETRY_ETA, SASGLD, find_batchnorm
 from pyro_flat.nn import make_bayesian
 
 
 def stats_of(mcmc):
     return mcmc._diagnostics[0]["sample_stats"]
-
-
-@pytest.mark.parametrize("friction", [None, 200.0])
-def test_rho_zero_is_sgld(friction):
-    """rho = 0 gives the same draws and statistics as SGLD (SGHMC) at the same seed."""
-    x, y = harness.linear_regression_data()
-    model = harness.BayesianLinearRegression(2, 2.0, 1.0, batch_size=50)
-    kw = dict(step_size=1e-4, num_steps_per_sample=3)
-    if friction is None:
-        base = SGLD(model, **kw)
-    else:
-        base = SGHMC(model, friction=friction, **kw)
-    a = harness.run(base, 30, 5, 11, x, y)
-    b = harness.run(SASGLD(model, rho=0.0, friction=friction, **kw), 30, 5, 11, x, y)
-    c = harness.run(SASGLD(model, rho=0.05, friction=friction, **kw), 30, 5, 11, x, y)
-    for site, values in a.get_samples().items():
-        assert torch.equal(values, b.get_samples()[site])
-        assert not torch.equal(values, c.get_samples()[site])
-    for name in ("lp", "grad_norm", "step_size", "diverging"):
-        assert torch.equal(stats_of(a)[name], stats_of(b)[name]), name
-    assert torch.equal(stats_of(b)["sharpness"], torch.zeros(30))
 
 
 @pytest.mark.parametrize("geometry", [False, True])
@@ -196,37 +174,6 @@ def test_both_passes_use_the_same_minibatch():
     for i in range(3):
         assert torch.equal(calls[2 * i], calls[2 * i + 1])
     assert not torch.equal(calls[0], calls[2])
-
-
-def test_resume_continues_the_chain():
-    x, y = harness.linear_regression_data()
-
-    def kernel():
-        model = harness.BayesianLinearRegression(2, 2.0, 1.0, batch_size=64)
-        return SASGLD(model, step_size=5e-5, rho=0.05, friction=100.0, num_steps_per_sample=2)
-
-    whole, second = harness.assert_resume_continues(kernel, x, y)
-    assert torch.equal(stats_of(whole)["sharpness"][10:], stats_of(second)["sharpness"])
-
-
-@pytest.mark.parametrize("rho", [-0.1, float("nan"), float("inf"), "a"])
-def test_bad_rho(rho):
-    with pytest.raises(ValueError, match=r"rho must be a"):
-        SASGLD(harness.logistic_model, step_size=1e-3, rho=rho)
-
-
-def test_bad_rho_message_names_the_range():
-    with pytest.raises(ValueError, match=r"rho must be a finite number in \[0, inf\)"):
-        SASGLD(harness.logistic_model, step_size=1e-3, rho=-1.0)
-
-
-def test_other_bad_arguments():
-    with pytest.raises(ValueError, match="friction"):
-        SASGLD(harness.logistic_model, step_size=1e-3, rho=0.1, friction=-1.0)
-    with pytest.raises(ValueError, match="step_size \\* friction / mass"):
-        SASGLD(harness.logistic_model, step_size=1.0, rho=0.1, friction=10.0)
-    with pytest.raises(ValueError, match="batchnorm_modules"):
-        SASGLD(harness.logistic_model, step_size=1e-3, rho=0.1, batchnorm_modules=[nn.Linear(2, 2)])
 
 
 def test_nonfinite_perturbed_pass_marks_the_draw_diverging():
