@@ -5,6 +5,7 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from pyro.distributions.transforms import OrderedTransform
 from pyro.infer.mcmc.util import initialize_model
 
 from pyro_flat.infer import SGLD
@@ -26,7 +27,24 @@ def isotropic_model(x, y):
         pyro.sample("obs", dist.Normal(x @ w + b, 1.0), obs=y)
 
 
-@pytest.mark.parametrize("model", [mixed_model, isotropic_model, "network"])
+def constrained_model(x, y):
+    """Transforms that change the shape (simplex 3 -> 2, LKJ Cholesky and correlation 3x3 ->
+    3) and one that keeps it (ordered)."""
+    p = pyro.sample("p", dist.Dirichlet(torch.tensor([1.0, 2.0, 3.0])))
+    chol = pyro.sample("L", dist.LKJCholesky(3, 2.0))
+    corr = pyro.sample("C", dist.LKJ(3, 1.5))
+    cuts = pyro.sample("cuts", dist.TransformedDistribution(
+        dist.Normal(0.0, 1.0).expand([3]).to_event(1), [OrderedTransform()]))
+    with pyro.plate("data", len(x)):
+        loc = x @ p[:2] + cuts.sum()
+        pyro.sample("obs", dist.Normal(loc, 1.0), obs=y)
+    z = torch.stack([x[:3, 0], x[:3, 1], y[:3]], -1)
+    with pyro.plate("rows", 3):
+        pyro.sample("z", dist.MultivariateNormal(torch.zeros(3), scale_tril=chol), obs=z)
+    pyro.sample("c", dist.MultivariateNormal(torch.zeros(3), covariance_matrix=corr), obs=z[0])
+
+
+@pytest.mark.parametrize("model", [mixed_model, isotropic_model, constrained_model, "network"])
 def test_potential_and_gradient_equal_pyros(model):
     """Equal to Pyro's potential (negative log joint minus log-Jacobian) and its gradient.
     Priors rebuilt at every call (function models) leave the closed form after the first
@@ -56,6 +74,8 @@ def test_potential_and_gradient_equal_pyros(model):
         if network:
             assert set(prior.fns) == {"net.weight", "net.bias"}
             assert prior._uniform == pytest.approx(1 / 9)
+        elif model is constrained_model:  # no Normal prior: nothing in closed form
+            assert prior is None
         else:
             assert prior.fns == {} and prior._uniform is None
     finally:
