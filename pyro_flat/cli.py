@@ -81,7 +81,9 @@ each, the other kernels 4.5 to 5.5 s, the SGD-based methods 3 to 4 s (127 s in a
 Exit status: 0 on success; 1 if a method failed (its row says why, the others are written)
 or the results could not be written; 2 on a usage error (one line on stderr, nothing written).
 The output folder is written at the end, into a temporary folder next to it that is then
-renamed, so an interrupted or failed run leaves no half-written output behind.
+renamed, so an interrupted or failed run leaves no half-written output behind (a run that is
+killed outright leaves its hidden temporary folder, which the next successful run removes).
+``--out`` is checked by writing there before any training.
 """
 
 from __future__ import annotations

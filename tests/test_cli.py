@@ -4,7 +4,11 @@ import dataclasses
 import io
 import json
 import math
+import os
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import arviz as az
 import pytest
@@ -439,3 +443,52 @@ def test_images_go_through_a_flattening_mlp():
         fit = registry.ALL[method].run(method, ctx)
         assert fit.samples["1.weight"].shape[1:] == (100, 64)  # Flatten is module 0
         assert evaluate(fit, images, seed=0).metrics["accuracy"] > 0.3
+
+
+@pytest.mark.parametrize("where", ["sys", "read-only folder"])
+def test_out_is_written_to_before_any_training(tmp_path, where):
+    """Permission bits are not enough (root passes ``os.access`` everywhere): the check writes
+    there, and an unwritable place is a one-line usage error before any training."""
+    if where == "sys":
+        if not os.path.isdir("/sys"):
+            pytest.skip("no /sys on this system")
+        out = Path("/sys/pyro-flat-out")
+    else:
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o500)
+        out = locked / "out"
+        if os.access(locked, os.W_OK) and _can_write(locked):
+            pytest.skip("this user can write into a folder without write permission (root)")
+    code, stdout, stderr = run(["compare", "--budget", "20", "--methods", "sgld", "--jobs", "1",
+                                "--out", str(out)])
+    assert code == 2 and stdout == ""
+    assert "argument --out: cannot write into" in one_error_line(stderr)
+
+
+def _can_write(folder):
+    try:
+        (folder / "probe").mkdir()
+    except OSError:
+        return False
+    (folder / "probe").rmdir()
+    return True
+
+
+def test_a_later_run_removes_temporary_folders_of_killed_runs(tmp_path):
+    out = tmp_path / "out"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        stale = [tmp_path / ".out.tmp-999999999-abc", tmp_path / ".out.old-999999999-def",
+                 tmp_path / ".out.tmp-x1y2z3"]  # dead process ids, and an older pyro-flat's name
+        live = tmp_path / f".out.tmp-{sleeper.pid}-ghi"  # a run still writing: kept
+        for folder in (*stale, live):
+            folder.mkdir()
+            (folder / "results.csv").write_text("half")
+        code, _, stderr = run(["compare", "--dataset", "digits", "--budget", "20", "--methods",
+                               "sgld", "--jobs", "1", "--out", str(out)])
+        assert code == 0, stderr
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", live.name])
+    finally:
+        sleeper.kill()
+        sleeper.wait()

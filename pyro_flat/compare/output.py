@@ -11,6 +11,7 @@ import csv
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -56,16 +57,54 @@ def output_problem(out: Path) -> str | None:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         return f"cannot create {str(out)!r}: {str(ancestor)!r} is a file"
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        return f"cannot write into {str(ancestor)!r} (permission denied)"
+    # Write there for real: permission bits say nothing of a read-only file system, and root
+    # passes os.access everywhere.
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=ancestor))
+    except OSError as e:
+        return f"cannot write into {str(ancestor)!r} ({e.strerror or e})"
     return None
+
+
+def _temp_prefix(out: Path, kind: str) -> str:
+    """Name prefix of this process's temporary folders next to ``out``."""
+    return f".{out.name}.{kind}-{os.getpid()}-"
+
+
+def remove_stale_temporaries(out: Path) -> None:
+    """Remove temporary folders next to ``out`` left by runs that were killed while writing.
+
+    They are named ``.<out>.tmp-<pid>-*`` / ``.<out>.old-<pid>-*``; one whose process is gone
+    (or that has no process id: an older pyro-flat's) is removed, one of a live run is kept.
+    """
+    pattern = re.compile(rf"^\.{re.escape(out.name)}\.(tmp|old|probe)-(?:(\d+)-)?")
+    for entry in out.parent.iterdir() if out.parent.is_dir() else ():
+        match = pattern.match(entry.name)
+        if not match or not entry.is_dir() or entry.is_symlink():
+            continue
+        pid = match.group(2)
+        if pid is not None and int(pid) != os.getpid() and _alive(int(pid)):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
 
 
 def write_atomically(out: Path, write: Callable[[Path], Any]) -> None:
     """Call ``write(folder)`` on a fresh folder next to ``out``, then move it to ``out``.
 
     On any failure nothing is left behind: neither the temporary folder, nor parent folders
-    created for it, and a previous output at ``out`` is restored.
+    created for it, and a previous output at ``out`` is restored. On success, temporary folders
+    of earlier runs that were killed while writing are removed
+    (:func:`remove_stale_temporaries`).
     """
     missing = []
     parent = out.parent
@@ -75,13 +114,13 @@ def write_atomically(out: Path, write: Callable[[Path], Any]) -> None:
     tmp = old = None
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(out, "tmp"), dir=out.parent))
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private
         write(tmp)
         if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            old = Path(tempfile.mkdtemp(prefix=_temp_prefix(out, "old"), dir=out.parent))
             old.rmdir()
             out.rename(old)
         tmp.rename(out)
@@ -89,6 +128,7 @@ def write_atomically(out: Path, write: Callable[[Path], Any]) -> None:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
             old = None
+        remove_stale_temporaries(out)
     except BaseException:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
