@@ -292,7 +292,7 @@ CONSTRUCTORS = {
 
 
 @pytest.mark.parametrize("name, kwargs, error, match", BAD_INPUT,
-                         ids=[f"{n}-{k}" for n, k, _, _ in BAD_INPUT])
+                         ids=[f"{n}-{'-'.join(k)}-{i}" for i, (n, k, _, _) in enumerate(BAD_INPUT)])
 def test_bad_input_is_named(name, kwargs, error, match):
     with pytest.raises(error, match=match):
         CONSTRUCTORS[name](**kwargs)
