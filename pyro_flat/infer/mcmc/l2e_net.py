@@ -245,23 +245,36 @@ def as_meta_net(meta_params: Any) -> MetaNet:
 class L2EState:
     """Per-element state of an L2E chain on one flat parameter vector.
 
-    ``raw`` is an ``(n, 9)`` buffer whose columns 3..8 *are* the gradient moving averages
-    (persistent state); columns 0..2 are refilled with ``grad``, ``theta`` and ``r`` at each
-    step. ``segments`` are the ``(start, stop)`` slices over which features are normalised (one
-    per parameter tensor).
+    ``features`` is a ``(9, n)`` buffer, one contiguous row per feature: rows 3..8 *are* the
+    gradient moving averages (persistent state); rows 0..2 are refilled with ``grad``,
+    ``theta`` and ``r`` at each step. ``raw`` is its ``(n, 9)`` view, one row per element.
+    ``segments`` are the ``(start, stop)`` slices over which features are normalised (one per
+    parameter tensor). Feature-major storage keeps every per-feature pass and the
+    meta-network's matrix products on contiguous memory.
     """
 
     r: torch.Tensor
-    raw: torch.Tensor
+    features: torch.Tensor
     segments: list[tuple[int, int]]
-    normed: torch.Tensor = field(init=False)
+    normed_features: torch.Tensor = field(init=False)
     noise: torch.Tensor = field(init=False)
     decays: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
-        self.normed = torch.empty_like(self.raw)
+        self.normed_features = torch.empty_like(self.features)
         self.noise = torch.empty_like(self.r)
-        self.decays = torch.tensor(DECAYS, dtype=self.raw.dtype, device=self.raw.device)
+        self.decays = torch.tensor(DECAYS, dtype=self.features.dtype,
+                                   device=self.features.device).unsqueeze(1)
+
+    @property
+    def raw(self) -> torch.Tensor:
+        """The features as ``(n, 9)``, one row per element (a view)."""
+        return self.features.T
+
+    @property
+    def normed(self) -> torch.Tensor:
+        """The normalised features as ``(n, 9)`` (a view)."""
+        return self.normed_features.T
 
     @classmethod
     def zeros(cls, theta: torch.Tensor, segments: Sequence[tuple[int, int]] | None = None
@@ -274,19 +287,20 @@ class L2EState:
         ):
             raise ValueError(f"segments must tile [0, {n}) in order with non-empty slices, "
                              f"got {segs}")
-        return cls(torch.zeros_like(theta), theta.new_zeros(n, len(FEATURES)), segs)
+        return cls(torch.zeros_like(theta), theta.new_zeros(len(FEATURES), n), segs)
 
     @property
     def moments(self) -> torch.Tensor:
         """The gradient moving averages, ``(n, 6)`` (a view)."""
-        return self.raw[:, 3:]
+        return self.features[3:].T
 
     def normalise_(self, columns: slice = slice(None)) -> torch.Tensor:
-        """Write ``raw / sqrt(eps + mean(raw^2))`` per segment and column into ``normed``."""
+        """Write ``raw / sqrt(eps + mean(raw^2))`` per segment and feature into ``normed``;
+        returns ``normed``, ``(n, 9)``."""
         for a, b in self.segments:
-            x = self.raw[a:b, columns]
-            ms = torch.linalg.vector_norm(x, dim=0).square_().div_(b - a).add_(NORM_EPS)
-            torch.mul(x, ms.rsqrt_(), out=self.normed[a:b, columns])
+            x = self.features[columns, a:b]
+            ms = torch.linalg.vector_norm(x, dim=1, keepdim=True).square_().div_(b - a)
+            torch.mul(x, ms.add_(NORM_EPS).rsqrt_(), out=self.normed_features[columns, a:b])
         return self.normed
 
 
@@ -308,21 +322,51 @@ class LearnedKinetic:
     def __init__(self, net: MetaNet, output_scale: float = OUTPUT_SCALE):
         self.net = net
         self.output_scale = output_scale
-        self._out: torch.Tensor | None = None
+        self._buffers: tuple[torch.Tensor, ...] = ()
 
     def __call__(self, theta: torch.Tensor, state: L2EState, first: bool
                  ) -> tuple[torch.Tensor | None, torch.Tensor]:
-        raw = state.raw
+        features = state.features
         if first:
-            raw[:, 1].copy_(theta)
-            raw[:, 2].copy_(state.r)
-            x = state.normalise_()
+            features[1].copy_(theta)
+            features[2].copy_(state.r)
+            state.normalise_()
         else:  # only r changed since the first evaluation of this step
-            raw[:, 2].copy_(state.r)
-            x = state.normalise_(slice(2, 3))
-        out = self.net(x)
+            features[2].copy_(state.r)
+            state.normalise_(slice(2, 3))
+        out = self._forward(state.normed)
         out.mul_(self.output_scale)
-        return out[:, 0], out[:, 1]
+        return out[0], out[1]
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(2, n)`` raw outputs for the features ``x`` of shape ``(n, 9)``.
+
+        The rows are run through all three layers in chunks of :data:`CHUNK`, so that the
+        hidden activations stay in cache and in buffers kept across calls (allocating the
+        ``n x 32`` activations anew at every call costs as much as the arithmetic), and the
+        last layer writes its two outputs as contiguous rows.
+        """
+        n = x.shape[0]
+        (w0, b0), (w1, b1), (w2, b2) = [(w.to(x.dtype), b.to(x.dtype))
+                                        for w, b in self.net.weights]
+        if not self._buffers or self._buffers[2].shape[1] != n or \
+                self._buffers[2].dtype != x.dtype or self._buffers[2].device != x.device:
+            chunk = min(CHUNK, n)
+            self._buffers = (x.new_empty(chunk, w0.shape[1]), x.new_empty(chunk, w1.shape[1]),
+                             x.new_empty(w2.shape[1], n))
+        h0, h1, out = self._buffers
+        b2 = b2.unsqueeze(1)
+        for start in range(0, n, h0.shape[0]):
+            stop = min(n, start + h0.shape[0])
+            m = stop - start
+            a = torch.addmm(b0, x[start:stop], w0, out=h0[:m]).relu_()
+            a = torch.addmm(b1, a, w1, out=h1[:m]).relu_()
+            torch.addmm(b2, w2.T, a.T, out=out[:, start:stop])
+        return out
+
+
+#: Rows of the meta-network's input per chunk in :class:`LearnedKinetic`.
+CHUNK = 8192
 
 
 def l2e_step_(
@@ -348,10 +392,11 @@ def l2e_step_(
     with :math:`\xi \sim \mathcal{N}(0, I)`. ``grad_u`` is :math:`\nabla U` (the gradient of
     ``N`` times the mean loss plus the prior); the features see :math:`\nabla U / N`.
     """
-    raw = state.raw
-    grad_mean = raw[:, 0]
+    features = state.features
+    grad_mean = features[0]
     torch.mul(grad_u, 1.0 / num_data, out=grad_mean)
-    state.moments.lerp_(grad_mean.unsqueeze(1).expand_as(state.moments), 1.0 - state.decays)
+    moments = features[3:]
+    moments.lerp_(grad_mean.unsqueeze(0).expand_as(moments), 1.0 - state.decays)
     alpha, beta = kinetic(theta, state, True)
     r = state.r
     if alpha is not None:
