@@ -36,9 +36,9 @@ def to_arviz(
     thin: int = 1,
     coords: Mapping[str, Any] | None = None,
     dims: Mapping[str, Sequence[str]] | None = None,
-    log_likelihood: bool = False,
+    log_likelihood: bool | None = None,
     posterior_predictive: bool = False,
-    observed_data: bool = False,
+    observed_data: bool | None = None,
 ) -> Any:
     """Convert a finished :class:`pyro.infer.MCMC` run, or a dict of draws, to ArviZ.
 
@@ -53,17 +53,21 @@ def to_arviz(
       ``(chain, draw, *site_shape)``, from ``mcmc.get_samples(group_by_chain=True)``.
     * ``sample_stats``: the per-draw statistics of pyro_flat kernels (``lp``, ``step_size``,
       ``grad_norm``, ``diverging`` and any kernel-specific ones such as ``log_weight``), dims
-      ``(chain, draw)``. Kernels that record none (e.g. Pyro's ``NUTS``) give a posterior only.
-    * on request, ``log_likelihood`` (per observation, e.g. for ``az.loo``),
-      ``posterior_predictive`` (one replicate of each observed site per draw) and
-      ``observed_data``: the model (``mcmc.kernel.model`` and the arguments of ``mcmc.run``, or
+      ``(chain, draw)``. For Pyro's own ``HMC``/``NUTS``, which keep only the indices of their
+      divergent transitions, ``diverging``.
+    * ``log_likelihood`` (per observation, for ``az.loo``, ``az.waic`` and ``az.compare``) and
+      ``observed_data`` (for ``az.plot_ppc``), by default whenever there is a model and it has
+      observed sites; ``posterior_predictive`` (one replicate of each observed site per draw)
+      on request. The model (``mcmc.kernel.model`` and the arguments of ``mcmc.run``, or
       ``model``, ``model_args`` and ``model_kwargs``) is run once per exported draw with every
-      subsampled plate given its full index set, so that
-      a model written with ``pyro.plate(..., subsample_size=B)`` (where ArviZ's own
-      ``from_pyro`` drops the log-likelihood) gives one value per data point. Each observed
+      subsampled plate given its full index set, so that a model written with
+      ``pyro.plate(..., subsample_size=B)`` (where ArviZ's own ``from_pyro`` drops the
+      log-likelihood) gives one value per data point, as does a full-batch plate. Each observed
       site becomes a variable with dims ``(chain, draw, *batch_shape)``; the values are the
       site's ``log_prob`` without the plate's ``N/B`` scale. The full-data forward pass runs
-      once per draw, so memory is one draw's worth; time grows with draws times data.
+      once per draw, so memory is one draw's worth; time grows with draws times data (the cost
+      of the default is measured in ``benchmarks/to_arviz_export.py``); pass
+      ``log_likelihood=False, observed_data=False`` to skip it.
 
     Each group carries the attributes ``inference_library="pyro"``,
     ``inference_library_version``, ``pyro_flat_kernel`` (the class name of ``mcmc.kernel``)
@@ -93,9 +97,12 @@ def to_arviz(
     dims : dict, optional
         Dimension names (without ``chain`` and ``draw``) by site, passed to
         :func:`arviz.from_dict`.
-    log_likelihood, posterior_predictive, observed_data : bool
-        Add these groups (see above); they need a model (a kernel built from one, or
-        ``model``).
+    log_likelihood, observed_data : bool, optional
+        Add these groups (see above). ``None`` (default): add them when there is a model (a
+        kernel built from one, or ``model``) with observed sites. ``True`` without a model
+        raises.
+    posterior_predictive : bool
+        Add one posterior-predictive replicate per draw (needs a model).
 
     Returns
     -------
@@ -107,7 +114,9 @@ def to_arviz(
     ValueError
         If ``mcmc`` has not run, the draws are empty or hold different numbers of draws per
         site, ``var_names`` names unknown sites (the message lists the available ones), ``thin``
-        is not a positive integer, or a replayed group is asked for without a model.
+        is not a positive integer, ``dims`` gives a site a number of names other than its
+        number of dimensions, or a replayed group is asked for without a model (or the model
+        has no observed site).
 
     Examples
     --------
@@ -138,10 +147,10 @@ def to_arviz(
     >>> from pyro_flat.predictive import guide_draws
     >>> guide = AutoNormal(model)
     >>> _ = guide(x, y)  # creates the guide's parameters
-    >>> idata = to_arviz(guide_draws(guide, 50, x, y), model=model, model_args=(x, y),
-    ...                  log_likelihood=True)
+    >>> idata = to_arviz(guide_draws(guide, 50, x, y), model=model, model_args=(x, y))
     >>> idata.log_likelihood["y"].shape
     (1, 50, 200)
+    >>> az.loo(idata)  # doctest: +SKIP
     """
     thin = validation.integer_at_least("thin", thin, 1)
     if isinstance(source, Mapping):
@@ -167,20 +176,26 @@ def to_arviz(
     if stats:
         groups["sample_stats"] = {name: value[:, ::thin] for name, value in stats.items()}
 
-    if log_likelihood or posterior_predictive or observed_data:
-        if model is None:
-            raise ValueError("log_likelihood, posterior_predictive and observed_data need a "
-                             "model: a kernel built from a model (not a potential_fn), or "
-                             "model=...")
+    asked = [g for g, flag in (("log_likelihood", log_likelihood),
+                               ("posterior_predictive", posterior_predictive),
+                               ("observed_data", observed_data)) if flag]
+    if asked and model is None:
+        raise ValueError(f"{', '.join(asked)} need a model: a kernel built from a model (not a "
+                         "potential_fn), or model=...")
+    if model is not None and (asked or log_likelihood is None or observed_data is None):
         replay = _replay_observed(model, tuple(model_args), dict(model_kwargs or {}),
                                   all_samples, thin, posterior_predictive)
-        if log_likelihood:
-            groups["log_likelihood"] = replay["log_likelihood"]
-        if posterior_predictive:
-            groups["posterior_predictive"] = replay["posterior_predictive"]
-        if observed_data:
-            groups["observed_data"] = replay["observed_data"]
+        if replay is None:
+            if asked:
+                raise ValueError(f"{', '.join(asked)}: the model has no observed sites")
+        else:
+            for group, flag in (("log_likelihood", log_likelihood),
+                                ("posterior_predictive", posterior_predictive),
+                                ("observed_data", observed_data)):
+                if flag or flag is None:
+                    groups[group] = replay[group]
 
+    _check_dims(dims, groups)
     coords = dict(coords or {})
     coords.setdefault("draw", np.arange(0, num_draws, thin))
     return _from_dict(groups, attrs=attrs, coords=coords, dims=dims)
@@ -226,6 +241,7 @@ def _chunks(model: Any, args: tuple, kwargs: dict, draw: dict) -> list[tuple]:
         trace = poutine.trace(poutine.condition(model, data=draw)).get_trace(*args, **kwargs)
     plates = {(n, s["fn"].size, s["fn"].subsample_size) for n, s in trace.nodes.items()
               if s["type"] == "sample" and type(s["fn"]) is _Subsample
+              and s["fn"].subsample_size is not None  # None: a full-batch plate
               and s["fn"].subsample_size < s["fn"].size}
     if not plates:
         return [(None, None, 0)]
@@ -255,8 +271,9 @@ def _replay_observed(
     samples: Mapping[str, torch.Tensor],
     thin: int,
     predictive: bool,
-) -> dict[str, dict[str, np.ndarray]]:
-    """Per-draw log-likelihood (and replicates) of every observed site on all the data."""
+) -> dict[str, dict[str, np.ndarray]] | None:
+    """Per-draw log-likelihood (and replicates) of every observed site on all the data; None
+    if the model has no observed site."""
     num_chains, num_draws = next(iter(samples.values())).shape[:2]
     chunks = _chunks(model, args, kwargs, {k: v[0, 0] for k, v in samples.items()})
     results: dict[str, list] = {"log_likelihood": [], "posterior_predictive": [],
@@ -295,7 +312,7 @@ def _replay_observed(
             results[group].append(per_chain[group])
     first = results["log_likelihood"][0]
     if not first:
-        raise ValueError("the model has no observed sites")
+        return None
     out = {group: {name: np.stack([np.stack(chain[name]) for chain in chains])
                    for name in chains[0]} for group, chains in results.items()}
     out["observed_data"] = {name: v[0, 0] for name, v in out["observed_data"].items()}
@@ -338,7 +355,7 @@ def _sample_stats(
     for diag in diagnostics:
         stats = diag.get("sample_stats") if isinstance(diag, Mapping) else None
         if not isinstance(stats, Mapping):
-            return {}
+            return _diverging_from_indices(diagnostics, num_draws)
         per_chain.append(stats)
     out = {}
     for name in per_chain[0]:
@@ -356,6 +373,42 @@ def _sample_stats(
         stacked = np.stack(arrays)
         out[name] = stacked.astype(bool) if name == "diverging" else stacked
     return out
+
+
+def _diverging_from_indices(
+    diagnostics: Sequence[Mapping[str, Any] | None], num_draws: int
+) -> dict[str, np.ndarray]:
+    """``diverging`` from the per-chain indices of divergent draws that Pyro's HMC and NUTS
+    keep (``diagnostics()["divergences"]``, post-warmup draw indices); empty if any chain has
+    none."""
+    diverging = np.zeros((len(diagnostics), num_draws), dtype=bool)
+    for c, diag in enumerate(diagnostics):
+        indices = diag.get("divergences") if isinstance(diag, Mapping) else None
+        if indices is None:
+            return {}
+        indices = [int(i) for i in indices if 0 <= int(i) < num_draws]
+        diverging[c, indices] = True
+    return {"diverging": diverging}
+
+
+def _check_dims(dims: Mapping[str, Sequence[str]] | None,
+                groups: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+    """``dims`` must give each site it names one name per dimension of the site's values."""
+    for name, names in (dims or {}).items():
+        if isinstance(names, str):
+            raise ValueError(f"dims[{name!r}] must be a list of dimension names, got the "
+                             f"string {names!r}")
+        for group, variables in groups.items():
+            if name not in variables:
+                continue
+            lead = 0 if group == "observed_data" else 2  # chain, draw
+            shape = variables[name].shape[lead:]
+            if len(names) != len(shape):
+                raise ValueError(
+                    f"dims[{name!r}] names {len(names)} dimension(s) {list(names)}, but the "
+                    f"site has {len(shape)} in {group}: shape {tuple(shape)}"
+                    + (" (without chain and draw)" if lead else "")
+                )
 
 
 def _library_attrs() -> dict[str, Any]:

@@ -78,7 +78,10 @@ RUNS = [("sgld1", 1, "SGLD"), ("sgld2", 2, "SGLD"), ("sghmc2", 2, "SGHMC")]
 @pytest.mark.parametrize("key,chains,kernel", RUNS)
 def test_groups_dims_shapes(runs, key, chains, kernel):
     idata = to_arviz(runs[key])
-    assert set(idata.groups()) == {"posterior", "sample_stats"}
+    # the log-likelihood (per data point) and the observed data come by default
+    assert set(idata.groups()) == {"posterior", "sample_stats", "log_likelihood",
+                                   "observed_data"}
+    assert idata.log_likelihood["y"].shape == (chains, NUM_SAMPLES, N)
     post = idata.posterior
     assert set(post.data_vars) == {"w", "s"}
     assert post["w"].dims == ("chain", "draw", "w_dim_0")
@@ -191,9 +194,14 @@ def test_arviz_functions_run(runs):
     assert float(az.ess(to_arviz(runs["sgld1"]))["s"]) > 0  # one chain
 
 
-def test_nuts_exports_posterior_only(nuts_run):
+def test_nuts_exports_diverging_and_log_likelihood(nuts_run):
+    """Pyro's NUTS keeps only the indices of its divergent draws: they become ``diverging``."""
     idata = to_arviz(nuts_run)
-    assert set(idata.groups()) == {"posterior"}
+    assert set(idata.groups()) == {"posterior", "sample_stats", "log_likelihood",
+                                   "observed_data"}
+    diverging = idata.sample_stats["diverging"].values
+    assert diverging.shape == (1, NUM_SAMPLES) and diverging.dtype == bool
+    assert np.flatnonzero(diverging[0]).tolist() == nuts_run._diagnostics[0]["divergences"]
     np.testing.assert_array_equal(
         idata.posterior["mu"].values, nuts_run.get_samples(group_by_chain=True)["mu"].numpy()
     )
@@ -218,21 +226,30 @@ def _fake_mcmc(sample_stats):
     )
 
 
+def _stats_only(mcmc):
+    """The export of a fake run that never ran its model: no replayed groups."""
+    return to_arviz(mcmc, log_likelihood=False, observed_data=False)
+
+
 def test_malformed_statistics_are_left_out_with_a_warning():
     good = {"lp": torch.zeros(4), "diverging": torch.tensor([0, 1, 0, 0])}
     bad = {"lp": torch.zeros(3), "diverging": torch.zeros(4, dtype=torch.bool)}
     with pytest.warns(RuntimeWarning, match="'lp'"):
-        idata = to_arviz(_fake_mcmc([good, bad]))
+        idata = _stats_only(_fake_mcmc([good, bad]))
     assert list(idata.sample_stats.data_vars) == ["diverging"]
     assert idata.sample_stats["diverging"].dtype == bool  # cast from an integer tensor
     assert idata.sample_stats["diverging"].values[0].tolist() == [False, True, False, False]
 
 
-def test_statistics_missing_in_one_chain_give_posterior_only():
+def test_statistics_missing_in_one_chain_leave_only_diverging():
+    """Without per-draw statistics in every chain, only what every chain has is exported: the
+    indices of divergent draws, as for Pyro's own kernels."""
     mcmc = _fake_mcmc([{"lp": torch.zeros(4)}, {}])
     del mcmc._diagnostics[1]["sample_stats"]
-    idata = to_arviz(mcmc)
-    assert set(idata.groups()) == {"posterior"}
+    idata = _stats_only(mcmc)
+    assert set(idata.groups()) == {"posterior", "sample_stats"}
+    assert list(idata.sample_stats.data_vars) == ["diverging"]
+    assert not idata.sample_stats["diverging"].values.any()
     assert list(idata.posterior.attrs["num_sg_steps"]) == [8, 8]
 
 
@@ -302,3 +319,101 @@ def test_arviz_1x_branch_builds_a_datatree(runs):
     assert tree["log_likelihood"]["y"].shape == (2, NUM_SAMPLES // 3, N)
     assert tree.attrs["pyro_flat_kernel"] == "SGLD"
     assert tree["sample_stats"].attrs["inference_library"] == "pyro"
+
+
+# ---------------------------------------------- full-batch plates, several observed sites
+
+
+def full_batch_model(x, y):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+    s = pyro.sample("s", dist.HalfNormal(1.0))
+    with pyro.plate("data", len(x)):
+        pyro.sample("y", dist.Normal(x @ w, s), obs=y)
+
+
+def two_site_model(x, y, counts):
+    """A regression and a Poisson count model sharing a latent: two observed sites, one of them
+    in a plate of another size."""
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+    rate = pyro.sample("rate", dist.Gamma(2.0, 1.0))
+    with pyro.plate("data", len(x)):
+        pyro.sample("y", dist.Normal(x @ w, 0.3), obs=y)
+    with pyro.plate("days", len(counts)):
+        pyro.sample("counts", dist.Poisson(rate), obs=counts)
+
+
+@pytest.mark.parametrize("kernel", ["SGLD", "NUTS"])
+def test_full_batch_plate_exports_every_group(data, kernel):
+    """The model NUTS takes (``pyro.plate("data", N)``, no subsampling): log-likelihood per
+    observation, equal to SciPy's Normal log-density under each draw; observed data; one
+    posterior-predictive replicate per draw; ArviZ's loo, compare and plot_ppc with no extra
+    argument."""
+    from scipy import stats
+
+    x, y = data
+    k = SGLD(full_batch_model, step_size=1e-4, num_steps_per_sample=2) if kernel == "SGLD" \
+        else NUTS(full_batch_model)
+    mcmc = _run(k, 2 if kernel == "SGLD" else 1, x, y)
+    idata = to_arviz(mcmc, posterior_predictive=True)
+    chains = 2 if kernel == "SGLD" else 1
+    assert idata.log_likelihood["y"].shape == (chains, NUM_SAMPLES, N)
+    assert idata.posterior_predictive["y"].shape == (chains, NUM_SAMPLES, N)
+    np.testing.assert_array_equal(idata.observed_data["y"].values, y.numpy())
+    w = idata.posterior["w"].values
+    s = idata.posterior["s"].values
+    expected = stats.norm.logpdf(y.numpy(), np.einsum("nd,cmd->cmn", x.numpy(), w),
+                                 s[..., None])
+    np.testing.assert_allclose(idata.log_likelihood["y"].values, expected, rtol=1e-4, atol=1e-4)
+    assert "diverging" in idata.sample_stats
+    assert np.isfinite(az.loo(idata).elpd_loo)
+    ranked = az.compare({"a": idata, "b": to_arviz(mcmc)})
+    assert len(ranked) == 2
+    import matplotlib
+
+    matplotlib.use("Agg")
+    az.plot_ppc(idata)
+
+
+def test_several_observed_sites(data):
+    x, y = data
+    counts = torch.tensor([3.0, 1.0, 4.0, 2.0, 2.0])
+    mcmc = _run(SGLD(two_site_model, step_size=1e-4, num_steps_per_sample=2), 1, x, y, counts)
+    idata = to_arviz(mcmc, posterior_predictive=True)
+    assert idata.log_likelihood["y"].shape == (1, NUM_SAMPLES, N)
+    assert idata.log_likelihood["counts"].shape == (1, NUM_SAMPLES, 5)
+    assert idata.posterior_predictive["counts"].shape == (1, NUM_SAMPLES, 5)
+    np.testing.assert_array_equal(idata.observed_data["counts"].values, counts.numpy())
+    from scipy import stats
+
+    rate = idata.posterior["rate"].values[..., None]
+    np.testing.assert_allclose(idata.log_likelihood["counts"].values,
+                               stats.poisson.logpmf(counts.numpy(), rate), rtol=1e-5)
+    assert np.isfinite(az.loo(idata, var_name="counts").elpd_loo)
+
+
+def test_log_likelihood_can_be_switched_off(data):
+    x, y = data
+    mcmc = _run(SGLD(full_batch_model, step_size=1e-4), 1, x, y)
+    idata = to_arviz(mcmc, log_likelihood=False, observed_data=False)
+    assert set(idata.groups()) == {"posterior", "sample_stats"}
+
+
+def test_a_potential_fn_run_exports_without_replay():
+    kernel = SGLD(potential_fn=lambda p: 0.5 * (p["x"] ** 2).sum(),
+                  initial_params={"x": torch.zeros(2)}, step_size=0.1)
+    mcmc = _run(kernel, 1)
+    assert set(to_arviz(mcmc).groups()) == {"posterior", "sample_stats"}
+    with pytest.raises(ValueError, match="log_likelihood need a model"):
+        to_arviz(mcmc, log_likelihood=True)
+
+
+@pytest.mark.parametrize("dims, match", [
+    ({"w": ["a", "b"]}, r"dims\['w'\] names 2 dimension\(s\) \['a', 'b'\], but the site has 1 "
+                        r"in posterior: shape \(3,\)"),
+    ({"s": ["a"]}, r"dims\['s'\] names 1 .* has 0 in posterior"),
+    ({"y": []}, r"dims\['y'\] names 0 .* has 1 in log_likelihood: shape \(200,\)"),
+    ({"w": "feature"}, r"dims\['w'\] must be a list of dimension names"),
+])
+def test_dims_of_the_wrong_length_are_named(runs, dims, match):
+    with pytest.raises(ValueError, match=match):
+        to_arviz(runs["sgld1"], dims=dims)
