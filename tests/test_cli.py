@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import arviz as az
+import numpy as np
 import pytest
 import torch
 
@@ -132,6 +133,30 @@ def test_compare_writes_draws_as_netcdf(digits_run, methods):
             assert {"lp", "step_size", "grad_norm", "diverging"} <= set(
                 idata.sample_stats.data_vars)
             assert idata.posterior.attrs["pyro_flat_kernel"] == MCMC[method]
+        # the test set's log-likelihood, one value per draw and test point, and its labels
+        labels = idata.observed_data["obs"].values
+        assert idata.log_likelihood["obs"].shape == (1, draws, len(labels)), method
+        if method not in ("entropy", "contour"):  # their model averages weigh other draws
+            # the table's NLL is that of the model average of the same draws
+            log_lik = torch.as_tensor(idata.log_likelihood["obs"].values[0]).double()
+            bma_nll = -(torch.logsumexp(log_lik, 0) - math.log(draws)).mean()
+            table = json.loads((out / "results.json").read_text())
+            row = next(r for r in table["results"] if r["method"] == method)
+            assert float(bma_nll) == pytest.approx(row["nll"], abs=1e-4), method
+
+
+def test_arviz_compare_ranks_the_methods_from_their_draws(digits_run, methods):
+    """The draws files carry the test-set log-likelihood: arviz.compare ranks the methods by
+    their expected log predictive density on the test set, with no extra argument."""
+    import warnings
+
+    _, _, _, out = digits_run
+    bayesian = [m for m in methods if m != "sgd"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Pareto k warnings at so few draws
+        ranked = az.compare({m: az.from_netcdf(out / f"draws_{m}.nc") for m in bayesian})
+    assert sorted(ranked.index) == sorted(bayesian)
+    assert np.isfinite(ranked["elpd_loo"]).all()
 
 
 def test_compare_draws_figures(digits_run):
