@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyro.poutine as poutine
+import pyro.util
 import torch
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.subsample_messenger import _Subsample
@@ -37,7 +38,7 @@ def to_arviz(
     coords: Mapping[str, Any] | None = None,
     dims: Mapping[str, Sequence[str]] | None = None,
     log_likelihood: bool | None = None,
-    posterior_predictive: bool = False,
+    posterior_predictive: bool | None = None,
     observed_data: bool | None = None,
 ) -> Any:
     """Convert a finished :class:`pyro.infer.MCMC` run, or a dict of draws, to ArviZ.
@@ -55,10 +56,10 @@ def to_arviz(
       ``grad_norm``, ``diverging`` and any kernel-specific ones such as ``log_weight``), dims
       ``(chain, draw)``. For Pyro's own ``HMC``/``NUTS``, which keep only the indices of their
       divergent transitions, ``diverging``.
-    * ``log_likelihood`` (per observation, for ``az.loo``, ``az.waic`` and ``az.compare``) and
-      ``observed_data`` (for ``az.plot_ppc``), by default whenever there is a model and it has
-      observed sites; ``posterior_predictive`` (one replicate of each observed site per draw)
-      on request. The model (``mcmc.kernel.model`` and the arguments of ``mcmc.run``, or
+    * ``log_likelihood`` (per observation, for ``az.loo``, ``az.waic`` and ``az.compare``),
+      ``posterior_predictive`` (one replicate of each observed site per draw) and
+      ``observed_data`` (both for ``az.plot_ppc``), by default whenever there is a model and it
+      has observed sites. The model (``mcmc.kernel.model`` and the arguments of ``mcmc.run``, or
       ``model``, ``model_args`` and ``model_kwargs``) is run once per exported draw with every
       subsampled plate given its full index set, so that a model written with
       ``pyro.plate(..., subsample_size=B)`` (where ArviZ's own ``from_pyro`` drops the
@@ -67,7 +68,9 @@ def to_arviz(
       site's ``log_prob`` without the plate's ``N/B`` scale. The full-data forward pass runs
       once per draw, so memory is one draw's worth; time grows with draws times data (the cost
       of the default is measured in ``benchmarks/to_arviz_export.py``); pass
-      ``log_likelihood=False, observed_data=False`` to skip it.
+      ``log_likelihood=False, posterior_predictive=False, observed_data=False`` to skip it.
+      The replicates are drawn from the global random stream, which is restored afterwards:
+      exporting does not shift the random numbers of the caller.
 
     Each group carries the attributes ``inference_library="pyro"``,
     ``inference_library_version``, ``pyro_flat_kernel`` (the class name of ``mcmc.kernel``)
@@ -97,12 +100,10 @@ def to_arviz(
     dims : dict, optional
         Dimension names (without ``chain`` and ``draw``) by site, passed to
         :func:`arviz.from_dict`.
-    log_likelihood, observed_data : bool, optional
+    log_likelihood, posterior_predictive, observed_data : bool, optional
         Add these groups (see above). ``None`` (default): add them when there is a model (a
         kernel built from one, or ``model``) with observed sites. ``True`` without a model
         raises.
-    posterior_predictive : bool
-        Add one posterior-predictive replicate per draw (needs a model).
 
     Returns
     -------
@@ -182,9 +183,14 @@ def to_arviz(
     if asked and model is None:
         raise ValueError(f"{', '.join(asked)} need a model: a kernel built from a model (not a "
                          "potential_fn), or model=...")
-    if model is not None and (asked or log_likelihood is None or observed_data is None):
-        replay = _replay_observed(model, tuple(model_args), dict(model_kwargs or {}),
-                                  all_samples, thin, posterior_predictive)
+    flags = (log_likelihood, posterior_predictive, observed_data)
+    if model is not None and any(flag or flag is None for flag in flags):
+        rng = pyro.util.get_rng_state()
+        try:
+            replay = _replay_observed(model, tuple(model_args), dict(model_kwargs or {}),
+                                      all_samples, thin, posterior_predictive is not False)
+        finally:
+            pyro.util.set_rng_state(rng)
         if replay is None:
             if asked:
                 raise ValueError(f"{', '.join(asked)}: the model has no observed sites")

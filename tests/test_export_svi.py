@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import warnings
 
+import arviz_compat
 import harness
 import numpy as np
 import pyro
@@ -60,18 +61,18 @@ def test_guide_draws_have_the_guide_law():
 @pytest.mark.filterwarnings("ignore:Estimated shape parameter of Pareto:UserWarning")
 def test_to_arviz_from_guide_draws_with_log_likelihood():
     _, model, guide, x, y = fitted(AutoNormal)
-    draws = guide_draws(guide, 30, x, y)
+    draws = guide_draws(guide, 90, x, y)
     idata = to_arviz(draws, model=model, model_args=(x, y), log_likelihood=True,
                      observed_data=True, thin=3)
-    assert idata.posterior["net.weight"].shape == (1, 10, 1, 2)
-    assert "sample_stats" not in idata.groups()
+    assert idata.posterior["net.weight"].shape == (1, 30, 1, 2)
+    assert "sample_stats" not in arviz_compat.groups(idata)
     assert idata.posterior.attrs["pyro_flat_source"] == "draws"
     ll = idata.log_likelihood["obs"].values
-    assert ll.shape == (1, 10, len(x))  # every data point, though the model subsamples 64
+    assert ll.shape == (1, 30, len(x))  # every data point, though the model subsamples 64
     w, b = draws["net.weight"][6], draws["net.bias"][6]  # draw 6 = exported draw 2 (thin 3)
     expected = torch.distributions.Normal((x @ w.T).squeeze(-1) + b, 1.0).log_prob(y)
     np.testing.assert_allclose(ll[0, 2], expected.numpy(), rtol=1e-5, atol=1e-5)
-    assert np.isfinite(az.loo(idata).elpd_loo)
+    assert np.isfinite(arviz_compat.elpd(az.loo(idata)))
 
 
 def test_hwa_averaged_guide_draws_centre_on_the_averages():

@@ -33,7 +33,7 @@ from pyro_flat.nn import make_bayesian
 from pyro_flat.predictive import bma_probs
 
 QUICK = os.environ.get("PYRO_FLAT_QUICK") == "1"
-STEPS_PER_DRAW, DRAWS, WARMUP = (10, 10, 10) if QUICK else (50, 40, 40)
+STEPS_PER_DRAW, DRAWS, WARMUP = (4, 30, 10) if QUICK else (50, 40, 40)
 torch.set_num_threads(1)
 pyro.set_rng_seed(0)
 
@@ -95,12 +95,13 @@ for name in ("sgld", "entropy"):
 # ## ArviZ
 #
 # `pyro_flat.to_arviz` exports the draws, the kernel's per-draw statistics (`lp`, `grad_norm`,
-# `diverging`, and for Entropy-MCMC `coupling_distance`) and, on request, the log-likelihood
-# of every training point, which `az.loo` needs.
+# `diverging`, and for Entropy-MCMC `coupling_distance`) and, by default, the log-likelihood
+# of every training point (which `az.loo` and `az.compare` need), a posterior-predictive
+# replicate per draw and the observed labels (for `az.plot_ppc`).
 
 # %%
 net, mcmc = runs["entropy"]
-idata = pyro_flat.to_arviz(mcmc, log_likelihood=True)
+idata = pyro_flat.to_arviz(mcmc)
 print(idata)
 print(az.summary(idata, var_names=["2.bias"], kind="stats"))
 print("divergences:", int(idata.sample_stats["diverging"].sum()))
