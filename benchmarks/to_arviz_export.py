@@ -2,10 +2,11 @@
 
 100 draws x 2 chains of the MLP 784-100-100-10 (89,610 parameters) from SGLD through
 ``pyro.infer.MCMC``, then ``to_arviz(mcmc)`` twice: as it is by default (with the per-observation
-log-likelihood and the observed data, which replay the model once per draw on all the data)
-and with ``log_likelihood=False, observed_data=False`` (the draws and statistics only, shared
-with the run's tensors). For each: wall time and the rise of the peak resident memory during the
-export (``benchmarks/step_overhead.py``'s measurement), against the bytes of the draws.
+log-likelihood, the posterior predictive and the observed data, which replay the model once per
+draw on all the data) and with ``log_likelihood=False, posterior_predictive=False,
+observed_data=False`` (the draws and statistics only, shared with the run's tensors). For each:
+wall time and the rise of the peak resident memory during the export
+(``benchmarks/step_overhead.py``'s measurement), against the bytes of the draws.
 
 Run::
 
@@ -49,8 +50,9 @@ def main() -> None:
     num_data = len(data[0])
     rows = []
     for mode, kwargs in (("draws and statistics only",
-                          {"log_likelihood": False, "observed_data": False}),
-                         ("default (+ log-likelihood, observed data)", {})):
+                          {"log_likelihood": False, "posterior_predictive": False,
+                           "observed_data": False}),
+                         ("default (+ log-likelihood, predictive, observed data)", {})):
         start = time.perf_counter()
         rise_mb, idata, _ = so.peak_rss_rise_mb(lambda kw=kwargs: pyro_flat.to_arviz(mcmc, **kw))
         seconds = time.perf_counter() - start
