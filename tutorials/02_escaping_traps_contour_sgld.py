@@ -92,7 +92,9 @@ print(f"SGLD: fraction of draws in the right mode {float((x_sgld > 0).double().m
 # learns `g`, a distribution over the bins, by stochastic approximation, and moves with the
 # gradient multiplied by \(1 + \zeta T\, \Delta\log g / \Delta u\): negative where the
 # chain sits in a bin that `g` says is over-visited, which pushes it uphill, out of the trap.
-# Each draw gets the importance weight `g[bin]^zeta` (the per-draw statistic `log_weight`).
+# Each draw gets the importance weight \(e^{\zeta\Phi(u)}\) at its energy \(u\), where \(\Phi\)
+# is the piecewise-linear \(\log g\) whose slopes are the multiplier's (the per-draw statistic
+# `log_weight`): it undoes exactly the flattening the moves apply.
 #
 # With `sa_power=1` (BlackJAX's gain) the fixed point is \(g^\zeta \propto\) the mass of each
 # bin under the target: the flattened target is flat in energy, and `g` only has to learn

@@ -12,17 +12,14 @@ import torch
 from pyro_flat.infer import SGLD, ContourSGLD, reweight
 
 
-def test_zeta_zero_is_sgld():
+def test_zeta_zero_statistics():
+    """(That zeta = 0 is SGLD draw for draw is in the kernel contract.) Its energies are the
+    potential at the draws and its weights are all one."""
     x, y = harness.linear_regression_data()
     model = harness.BayesianLinearRegression(2, 2.0, 1.0, batch_size=50)
-    a = harness.run(SGLD(model, step_size=1e-4, num_steps_per_sample=3), 30, 5, 11, x, y)
     kw = dict(step_size=1e-4, num_steps_per_sample=3, num_bins=10, bin_width=50.0,
               min_energy=0.0)
     b = harness.run(ContourSGLD(model, zeta=0.0, **kw), 30, 5, 11, x, y)
-    c = harness.run(ContourSGLD(model, zeta=1.0, **kw), 30, 5, 11, x, y)
-    for site, values in a.get_samples().items():
-        assert torch.equal(values, b.get_samples()[site])
-        assert not torch.equal(values, c.get_samples()[site])
     stats = b._diagnostics[0]["sample_stats"]
     assert torch.equal(stats["log_weight"], torch.zeros(30))
     assert torch.allclose(stats["energy"], -stats["lp"])
@@ -30,7 +27,7 @@ def test_zeta_zero_is_sgld():
 
 
 def test_stats_and_diagnostics_follow_the_rule():
-    """energy_bin is the bin of energy, log_weight = zeta log g[bin], g stays on the simplex."""
+    """energy_bin is the bin of energy, log_weight is finite, g stays on the simplex."""
     x, y = harness.linear_regression_data()
     model = harness.BayesianLinearRegression(2, 2.0, 1.0, batch_size=50)
     k = ContourSGLD(model, step_size=1e-4, num_bins=8, bin_width=40.0, min_energy=200.0,
@@ -437,10 +434,14 @@ def test_toy_b_reweighted_mode_masses():
     the 15,000 warmup steps cover it. The box [-40, 60] (no mass of pi_T outside) only stops a
     chain that the open-ended top bin pushes uphill before g has learned that bin.
 
-    Check: the mean over chains of each chain's reweighted P(theta < 10) within 0.1 of the
-    quadrature truth (0.5 by symmetry), where 0.1 is at least Z = 4.5 standard errors of that
-    mean (from the spread over the independent chains); SGLD with the same steps per chain
-    and seed (8 chains) never leaves the left mode."""
+    Check: the mean over chains of each chain's reweighted P(theta < 10) within Z = 4.5
+    standard errors (from the spread over the independent chains) of the quadrature truth (0.5
+    by symmetry), with Z standard errors below 0.25 so that a chain stuck in either mode (0 or
+    1) fails; SGLD with the same steps per chain and seed (8 chains) never leaves the left mode.
+    The consistent weights (``ContourSGLD``'s docstring) tilt with the draw's energy inside a
+    bin, and here the minibatch energies scatter by about a bin width, so each chain's weights
+    concentrate on few draws: the per-chain estimates spread widely, hence the wider bound
+    than the bin-value weights (the paper's, biased on unequal masses) would need."""
     truth = toy_b_truth()
     assert truth == pytest.approx(0.5, abs=1e-9)
     start = {"theta": torch.full((TOY_B_CHAINS,), -5.0, dtype=torch.float64)}
@@ -453,8 +454,8 @@ def test_toy_b_reweighted_mode_masses():
     per_chain = torch.stack([reweight(left[:, c], lw[:, c]) for c in range(TOY_B_CHAINS)])
     mean = float(per_chain.mean())
     se = float(per_chain.std()) / math.sqrt(TOY_B_CHAINS)
-    assert harness.Z * se <= 0.1, se
-    assert abs(mean - truth) <= 0.1, (mean, se)
+    assert harness.Z * se <= 0.25, se
+    assert abs(mean - truth) <= harness.Z * se, (mean, se)
     assert float(reweight(left, lw, chain_dim=1)) == pytest.approx(mean)
     assert 0.2 < float(left.mean()) < 0.8  # the flattened chains themselves cross
 
@@ -463,3 +464,138 @@ def test_toy_b_reweighted_mode_masses():
                 step_size=1e-3, temperature=TOY_B_T, num_steps_per_sample=thin)
     stuck = harness.run(sgld, (steps - warmup) // thin, warmup // thin, 0)
     assert bool((stuck.get_samples()["theta"] < 10).all())
+
+
+# ---------------------------------------------- weights on a target with unequal mode masses
+
+
+def test_log_weight_integrates_the_multiplier():
+    """``log_weight(u) = zeta * Phi(u)`` with ``Phi' = (mu(u) - 1) / (zeta T)``, the slope the
+    dynamics use (clipped or not), and ``Phi(e_1) = log g_0``: checked against a quadrature of
+    the kernel's own multiplier, below, inside and above the bins."""
+    for clip in (None, (0.2, 1.4)):
+        k = ContourSGLD(lambda: None, step_size=1e-3, num_bins=5, bin_width=2.0,
+                        min_energy=1.0, zeta=1.5, temperature=2.0, multiplier_clip=clip)
+        k.init_kernel_state(torch.zeros(1))
+        k._g = torch.tensor([0.1, 0.4, 0.2, 0.25, 0.05], dtype=torch.float64)
+        e1 = 3.0
+        for u in (-4.0, 1.0, 2.3, 3.0, 6.1, 10.9, 14.0):
+            grid = torch.linspace(e1, u, 20001, dtype=torch.float64)
+            slopes = torch.tensor([(k.multiplier(k.bin_of(float(v))) - 1.0) / (1.5 * 2.0)
+                                   for v in grid])
+            integral = float(torch.trapezoid(slopes, grid))
+            expected = 1.5 * (math.log(0.1) + integral)
+            got = float(k.log_weight(k._g, torch.tensor(u), torch.tensor(k.bin_of(u))))
+            assert got == pytest.approx(expected, abs=2e-3), (clip, u)
+        if clip is None:  # at the lower edge of bin J: zeta log g[J - 1]
+            for j in range(1, 5):
+                u = torch.tensor(1.0 + 2.0 * j)
+                assert float(k.log_weight(k._g, u, torch.tensor(j))) == pytest.approx(
+                    1.5 * math.log(float(k._g[j - 1])))
+
+
+ASYM_LEFT, ASYM_MU, ASYM_SD, ASYM_GRAD_NOISE = 0.25, 2.2, 0.5, 0.5
+
+
+def asym_energy(x):
+    """A 1-D mixture, masses 0.25 (at -2.2) and 0.75 (at 2.2), sd 0.5: a barrier of 9.4 nats."""
+    a = math.log(ASYM_LEFT) - (x + ASYM_MU) ** 2 / (2 * ASYM_SD**2)
+    b = math.log(1 - ASYM_LEFT) - (x - ASYM_MU) ** 2 / (2 * ASYM_SD**2)
+    return -(torch.logaddexp(a, b) - 0.5 * math.log(2 * math.pi * ASYM_SD**2))
+
+
+def asym_potential(params):
+    x = params["x"]  # (chains,): the energy exact, the gradient with N(0, 0.5^2) noise
+    return asym_energy(x) + ASYM_GRAD_NOISE * torch.randn(x.shape, dtype=x.dtype) * (
+        x - x.detach())
+
+
+def ula_left_mass(step_size):
+    """P(x < 0) under the stationary law of plain SGLD on this target (the same step and
+    gradient noise) on a grid: the discretisation bias of the sampler without flattening."""
+    x = torch.linspace(-6, 6, 601, dtype=torch.float64).requires_grad_()
+    (grad,) = torch.autograd.grad(asym_energy(x).sum(), x)
+    x = x.detach()
+    var = 2 * step_size + step_size**2 * ASYM_GRAD_NOISE**2
+    p = torch.exp(-0.5 * (x[None] - (x - step_size * grad)[:, None]) ** 2 / var)
+    p /= p.sum(1, keepdim=True)
+    for _ in range(40):  # p^(2^40): every row is the stationary law
+        p = p @ p
+        p /= p.sum(1, keepdim=True)
+    return float(p[300][x < 0].sum())
+
+
+ASYM_SETTINGS = {
+    # tutorial 02's settings for a large zeta: BlackJAX's gain, clipped multiplier, a box
+    "large zeta": dict(num_bins=24, min_energy=0.0, bin_width=1.0, zeta=10.0, sa_power=1.0,
+                       multiplier_clip=(-5.0, 5.0), bounds=(-8.0, 8.0)),
+    # a small zeta with the paper's gain and fine bins; omega0 = 0.01 so that g learns the
+    # 9 nats of this target within the run (with 3e-3 it needs about 4x the steps)
+    "small zeta": dict(num_bins=200, min_energy=0.0, bin_width=0.1, zeta=0.75, omega0=0.01,
+                       multiplier_clip=(-5.0, 5.0), bounds=(-8.0, 8.0)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", list(ASYM_SETTINGS))
+def test_reweighted_mass_of_unequal_modes(setting):
+    """128 chains x 40,000 steps from the light mode (mass 0.25). Each chain's self-normalised
+    reweighted P(x < 0); their mean must lie within 3 standard errors (the spread over the
+    independent chains) of 0.25 plus the discretisation bias of plain SGLD at this step on
+    this target (computed on a grid, below 0.001). The check can fail: 3 standard errors stay
+    below 0.1, where the paper's bin-value weights g[J]^zeta gave 0.45 and 0.80."""
+    chains, steps, thin, warmup = 128, 40_000, 10, 8_000
+    start = {"x": torch.full((chains,), -ASYM_MU, dtype=torch.float64)}
+    kernel = ContourSGLD(potential_fn=asym_potential, initial_params=start, step_size=1e-2,
+                         num_steps_per_sample=thin, vectorized_chains=chains,
+                         **ASYM_SETTINGS[setting])
+    mcmc = harness.run(kernel, (steps - warmup) // thin, warmup // thin, 0)
+    left = (mcmc.get_samples()["x"] < 0).double()
+    log_weight = mcmc._diagnostics[0]["sample_stats"]["log_weight"]
+    per_chain = torch.stack([reweight(left[:, c], log_weight[:, c]) for c in range(chains)])
+    mean, se = float(per_chain.mean()), float(per_chain.std()) / math.sqrt(chains)
+    bias = abs(ula_left_mass(1e-2) - ASYM_LEFT)
+    assert bias < 1e-3
+    assert 3 * se < 0.1, se
+    assert abs(mean - ASYM_LEFT) <= 3 * se + bias, (mean, se)
+    assert 0.3 < float(left.mean()) < 0.7  # the flattened chains visit both modes
+
+
+# ---------------------------------------------- bins per run, the box
+
+
+def test_each_run_places_its_own_auto_bins():
+    """Pyro runs sequential chains with one kernel object: every run places its bins from its
+    own warmup energies (here two runs whose energies lie far apart)."""
+    def potential(params):
+        return 0.5 * (params["x"] ** 2).sum()
+
+    kernel = ContourSGLD(potential_fn=potential, initial_params={"x": torch.zeros(2)},
+                         step_size=1e-2, num_bins=10, auto_bins=True)
+    harness.run(kernel, 20, 30, 0)
+    first = kernel.energy_edges.clone()
+    kernel.initial_params = {"x": torch.full((2,), 30.0)}  # energies around 900, not 1
+    harness.run(kernel, 20, 30, 1)
+    second = kernel.energy_edges
+    assert float(first[-1]) < 100 < float(second[0])
+
+
+def test_a_start_outside_the_box_is_refused():
+    kernel = ContourSGLD(potential_fn=lambda p: (p["x"] ** 2).sum(),
+                         initial_params={"x": torch.tensor([0.0, 9.0])}, step_size=1e-2,
+                         num_bins=10, bin_width=1.0, min_energy=0.0, bounds=(-8.0, 8.0))
+    with pytest.raises(ValueError, match=r"starts outside bounds=\(-8.0, 8.0\): site 'x' "
+                                         r"has unconstrained values \[9.0\]"):
+        harness.run(kernel, 5, 0, 0)
+
+
+def test_rejected_steps_are_counted_in_diagnostics():
+    """A rejected move leaves the chain where it was: with one step per draw, the count of
+    repeated draws is the count of rejections, which diagnostics() reports."""
+    kernel = ContourSGLD(potential_fn=lambda p: 0.5 * (p["x"] ** 2).sum(),
+                         initial_params={"x": torch.tensor([1.9])}, step_size=0.5,
+                         num_bins=10, bin_width=1.0, min_energy=0.0, bounds=(-2.0, 2.0))
+    mcmc = harness.run(kernel, 200, 0, 0)
+    x = mcmc.get_samples()["x"].flatten()
+    repeats = int((x[1:] == x[:-1]).sum()) + int(x[0] == 1.9)
+    assert mcmc._diagnostics[0]["num_rejected"] == repeats >= 5
