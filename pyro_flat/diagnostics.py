@@ -55,7 +55,8 @@ def to_arviz(
     * ``sample_stats``: the per-draw statistics of pyro_flat kernels (``lp``, ``step_size``,
       ``grad_norm``, ``diverging`` and any kernel-specific ones such as ``log_weight``), dims
       ``(chain, draw)``. For Pyro's own ``HMC``/``NUTS``, which keep only the indices of their
-      divergent transitions, ``diverging``.
+      divergent transitions and one acceptance rate per chain, ``diverging`` (and the rates as
+      the attribute ``acceptance_rate``).
     * ``log_likelihood`` (per observation, for ``az.loo``, ``az.waic`` and ``az.compare``),
       ``posterior_predictive`` (one replicate of each observed site per draw) and
       ``observed_data`` (both for ``az.plot_ppc``), by default whenever there is a model and it
@@ -430,6 +431,9 @@ def _attrs(mcmc: MCMC) -> dict[str, Any]:
     steps = [d.get("num_sg_steps") if isinstance(d, Mapping) else None for d in diagnostics]
     if steps and all(isinstance(s, int | np.integer) for s in steps):
         attrs["num_sg_steps"] = [int(s) for s in steps]
+    rates = [d.get("acceptance rate") if isinstance(d, Mapping) else None for d in diagnostics]
+    if rates and all(isinstance(r, float | int | np.floating) for r in rates):
+        attrs["acceptance_rate"] = [float(r) for r in rates]  # Pyro's HMC/NUTS, per chain
     return attrs
 
 

@@ -204,6 +204,8 @@ def test_nuts_exports_diverging_and_log_likelihood(nuts_run):
     diverging = idata.sample_stats["diverging"].values
     assert diverging.shape == (1, NUM_SAMPLES) and diverging.dtype == bool
     assert np.flatnonzero(diverging[0]).tolist() == nuts_run._diagnostics[0]["divergences"]
+    assert list(idata.sample_stats.attrs["acceptance_rate"]) == [
+        nuts_run._diagnostics[0]["acceptance rate"]]
     np.testing.assert_array_equal(
         idata.posterior["mu"].values, nuts_run.get_samples(group_by_chain=True)["mu"].numpy()
     )
