@@ -24,7 +24,7 @@ from pyro_flat import validation
 if TYPE_CHECKING:
     from pyro.infer import MCMC
 
-__all__ = ["to_arviz"]
+__all__ = ["sample_stats", "to_arviz"]
 
 
 def to_arviz(
@@ -206,6 +206,55 @@ def to_arviz(
     coords = dict(coords or {})
     coords.setdefault("draw", np.arange(0, num_draws, thin))
     return _from_dict(groups, attrs=attrs, coords=coords, dims=dims)
+
+
+def sample_stats(mcmc: MCMC, *, group_by_chain: bool = False) -> dict[str, torch.Tensor]:
+    """The per-draw statistics of a finished run, as ``mcmc.get_samples`` gives the draws.
+
+    pyro_flat kernels record ``lp``, ``step_size``, ``grad_norm``, ``diverging`` and their own
+    (``log_weight``, ``sharpness``, ``coupling_distance``, ...); Pyro's ``HMC``/``NUTS`` only
+    ``diverging``, from the indices of their divergent draws. They reach the driver from every
+    chain, worker processes included, through the kernels' ``diagnostics()``, which Pyro's
+    ``MCMC`` keeps per chain (read here so that user code need not).
+
+    Parameters
+    ----------
+    mcmc : pyro.infer.MCMC
+        A run, i.e. after ``mcmc.run(...)``.
+    group_by_chain : bool
+        ``False`` (default): each statistic of shape ``(num_chains * num_draws,)``, chains one
+        after another, in the order of ``mcmc.get_samples()``; ``True``: ``(num_chains,
+        num_draws)``.
+
+    Returns
+    -------
+    dict of str to torch.Tensor
+        One tensor per statistic that every chain recorded; empty if there is none.
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> from pyro.infer import MCMC
+    >>> from pyro_flat import sample_stats
+    >>> from pyro_flat.infer import SGLD
+    >>> def model(y):
+    ...     mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    ...     with pyro.plate("data", len(y)):
+    ...         pyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+    >>> mcmc = MCMC(SGLD(model, step_size=1e-2), num_samples=50, disable_progbar=True)
+    >>> mcmc.run(torch.randn(20))
+    >>> {name: tuple(value.shape) for name, value in sample_stats(mcmc).items()}
+    {'lp': (50,), 'step_size': (50,), 'grad_norm': (50,), 'diverging': (50,)}
+    """
+    samples = mcmc.get_samples(group_by_chain=True)
+    if not samples:
+        raise ValueError("mcmc holds no samples: call mcmc.run(...) before sample_stats")
+    num_draws = next(iter(samples.values())).shape[1]
+    stats = _sample_stats(getattr(mcmc, "_diagnostics", None), num_draws)
+    out = {name: torch.as_tensor(value) for name, value in stats.items()}
+    if not group_by_chain:
+        out = {name: value.reshape(-1, *value.shape[2:]) for name, value in out.items()}
+    return out
 
 
 def _draws_as_one_chain(draws: Mapping[str, Any]) -> dict[str, torch.Tensor]:

@@ -433,3 +433,21 @@ def test_export_leaves_the_random_stream_as_it_was(runs):
     after = torch.rand(3)
     pyro.set_rng_seed(5)
     assert torch.equal(after, torch.rand(3))
+
+
+def test_sample_stats_public_accessor(runs, nuts_run):
+    from pyro_flat import sample_stats
+
+    mcmc = runs["sgld2"]
+    grouped = sample_stats(mcmc, group_by_chain=True)
+    assert list(grouped) == ["lp", "step_size", "grad_norm", "diverging"]
+    for name, value in grouped.items():
+        assert value.shape == (2, NUM_SAMPLES)
+        for chain in range(2):
+            expected = mcmc._diagnostics[chain]["sample_stats"][name]
+            assert torch.equal(value[chain], expected.to(value.dtype)), name
+    flat = sample_stats(mcmc)
+    assert torch.equal(flat["lp"], grouped["lp"].reshape(-1))  # chains one after another
+    assert list(sample_stats(nuts_run)) == ["diverging"]
+    with pytest.raises(ValueError, match="mcmc.run"):
+        sample_stats(MCMC(NUTS(tiny_model), num_samples=5, disable_progbar=True))

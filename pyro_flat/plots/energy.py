@@ -23,7 +23,7 @@ def energy_pdf(diagnostics: Mapping[str, Any], *, ax: Any = None, log: bool = Tr
     Parameters
     ----------
     diagnostics : dict
-        ``kernel.diagnostics()`` or ``mcmc._diagnostics[chain]``: needs ``"energy_pdf"``,
+        ``kernel.diagnostics()`` after the run: needs ``"energy_pdf"``,
         ``"energy_edges"`` and ``"sample_stats"["energy"]``. With ``vectorized_chains`` the
         chains' ``g`` are averaged and their energies pooled.
     log : bool

@@ -169,8 +169,9 @@ class ContourSGLD(SGMCMCKernel):
     ...                      step_size=1e-2, num_bins=50, bin_width=0.5, min_energy=-1.0, zeta=1.0)
     >>> mcmc = MCMC(kernel, num_samples=2000, warmup_steps=100, disable_progbar=True)
     >>> mcmc.run()
-    >>> stats = mcmc._diagnostics[0]["sample_stats"]
-    >>> p_left = reweight((mcmc.get_samples()["x"] < 0).double(), stats["log_weight"])
+    >>> from pyro_flat import sample_stats
+    >>> p_left = reweight((mcmc.get_samples()["x"] < 0).double(),
+    ...                   sample_stats(mcmc)["log_weight"])
 
     References
     ----------

@@ -124,7 +124,8 @@ class SASGLD(SGMCMCKernel):
     >>> kernel = SASGLD(model, step_size=1e-3, rho=0.05, num_steps_per_sample=5)
     >>> mcmc = MCMC(kernel, num_samples=100, warmup_steps=50, disable_progbar=True)
     >>> mcmc.run(x, y)
-    >>> mcmc._diagnostics[0]["sample_stats"]["sharpness"].shape
+    >>> from pyro_flat import sample_stats
+    >>> sample_stats(mcmc)["sharpness"].shape
     torch.Size([100])
 
     References
