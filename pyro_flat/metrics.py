@@ -246,15 +246,12 @@ def _as_scores(scores: torch.Tensor, name: str) -> torch.Tensor:
     return s
 
 
-def _average_ranks(x: torch.Tensor) -> torch.Tensor:
-    """1-based ranks of ``x``, tied values sharing the average of their ranks."""
-    order = torch.argsort(x, stable=True)
-    _, counts = torch.unique_consecutive(x[order], return_counts=True)
-    ends = counts.cumsum(0).double()  # last rank of each run of ties
-    avg = ends - (counts.double() - 1) / 2
-    ranks = torch.empty_like(x)
-    ranks[order] = avg.repeat_interleave(counts)
-    return ranks
+def _labelled_scores(scores_in: torch.Tensor, scores_out: torch.Tensor) -> tuple:
+    """Pooled scores and labels (OOD = 1, the positives) as NumPy arrays for scikit-learn."""
+    s_in = _as_scores(scores_in, "scores_in")
+    s_out = _as_scores(scores_out, "scores_out")
+    labels = torch.cat([torch.zeros_like(s_in), torch.ones_like(s_out)])
+    return labels.numpy(), torch.cat([s_in, s_out]).numpy()
 
 
 def ood_auroc(scores_in: torch.Tensor, scores_out: torch.Tensor) -> float:
@@ -263,7 +260,8 @@ def ood_auroc(scores_in: torch.Tensor, scores_out: torch.Tensor) -> float:
     Higher scores must mean "more out-of-distribution" (e.g. the predictive entropy). The area
     is the Mann-Whitney statistic :math:`P(s_\text{out} > s_\text{in}) + \frac12 P(s_\text{out}
     = s_\text{in})`, computed from the ranks of the pooled scores with ties given their average
-    rank: ``1`` separates perfectly, ``0.5`` is chance.
+    rank: ``1`` separates perfectly, ``0.5`` is chance. Computed by scikit-learn's
+    ``roc_auc_score``.
 
     Parameters
     ----------
@@ -272,12 +270,9 @@ def ood_auroc(scores_in: torch.Tensor, scores_out: torch.Tensor) -> float:
     scores_out : torch.Tensor
         ``(n_out,)`` scores of out-of-distribution examples (the positives).
     """
-    s_in = _as_scores(scores_in, "scores_in")
-    s_out = _as_scores(scores_out, "scores_out")
-    n_in, n_out = s_in.shape[0], s_out.shape[0]
-    ranks = _average_ranks(torch.cat([s_in, s_out]))
-    u = float(ranks[n_in:].sum()) - n_out * (n_out + 1) / 2
-    return u / (n_in * n_out)
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(*_labelled_scores(scores_in, scores_out)))
 
 
 def ood_aupr(scores_in: torch.Tensor, scores_out: torch.Tensor) -> float:
@@ -286,8 +281,8 @@ def ood_aupr(scores_in: torch.Tensor, scores_out: torch.Tensor) -> float:
     OOD examples are the positives and higher scores mean "more out-of-distribution". The
     area is the average precision :math:`\sum_k (R_k - R_{k-1}) P_k` over the distinct score
     thresholds in decreasing order (precision :math:`P_k` and recall :math:`R_k` of "score
-    :math:`\ge` threshold k"), the step-wise sum that scikit-learn's
-    ``average_precision_score`` computes, without interpolation. Chance level is the share of
+    :math:`\ge` threshold k"), the step-wise sum without interpolation, computed by
+    scikit-learn's ``average_precision_score``. Chance level is the share of
     positives, :math:`n_\text{out} / (n_\text{in} + n_\text{out})`.
 
     Parameters
@@ -302,18 +297,6 @@ def ood_aupr(scores_in: torch.Tensor, scores_out: torch.Tensor) -> float:
     >>> ood_aupr(torch.tensor([0.1, 0.4]), torch.tensor([0.35, 0.8]))  # P = 1, 2/3 at R = .5, 1
     0.8333333333333333
     """
-    s_in = _as_scores(scores_in, "scores_in")
-    s_out = _as_scores(scores_out, "scores_out")
-    scores = torch.cat([s_out, s_in])
-    positive = torch.cat([torch.ones_like(s_out), torch.zeros_like(s_in)])
-    order = torch.argsort(scores, descending=True, stable=True)
-    scores, positive = scores[order], positive[order]
-    # the last index of each run of tied scores is where a threshold takes them all in
-    last = torch.ones_like(scores, dtype=torch.bool)
-    last[:-1] = scores[1:] != scores[:-1]
-    tp = positive.cumsum(0)[last]
-    taken = torch.arange(1, len(scores) + 1, dtype=torch.float64)[last]
-    precision = tp / taken
-    recall = tp / s_out.shape[0]
-    recall_steps = torch.diff(recall, prepend=recall.new_zeros(1))
-    return float((recall_steps * precision).sum())
+    from sklearn.metrics import average_precision_score
+
+    return float(average_precision_score(*_labelled_scores(scores_in, scores_out)))
