@@ -57,7 +57,8 @@ class BNN(PyroModule):
 
     Examples
     --------
-    >>> import torch
+    >>> import torch, pyro
+    >>> pyro.set_rng_seed(0)
     >>> from pyro.infer import MCMC, NUTS
     >>> from pyro_flat.bnn import BNN
     >>> from pyro_flat.likelihoods import HomoskedasticGaussian

@@ -132,8 +132,9 @@ def to_arviz(
     ...     s = pyro.sample("s", dist.HalfNormal(1.0))
     ...     with pyro.plate("data", len(x), subsample_size=32) as i:
     ...         pyro.sample("y", dist.Normal(x[i] @ w, s), obs=y[i])
+    >>> pyro.set_rng_seed(0)
     >>> x = torch.randn(200, 3); y = x @ torch.tensor([1.0, -1.0, 0.5]) + 0.3 * torch.randn(200)
-    >>> mcmc = MCMC(SGLD(model, step_size=1e-3, num_steps_per_sample=5), num_samples=100,
+    >>> mcmc = MCMC(SGLD(model, step_size=5e-4, num_steps_per_sample=5), num_samples=100,
     ...             warmup_steps=20, disable_progbar=True)
     >>> mcmc.run(x, y)
     >>> idata = to_arviz(mcmc, dims={"w": ["feature"]}, thin=2)

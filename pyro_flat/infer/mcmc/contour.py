@@ -167,6 +167,8 @@ class ContourSGLD(SGMCMCKernel):
     ...     return -torch.logaddexp(-8 * (x - 2) ** 2, -8 * (x + 2) ** 2).sum()
     >>> kernel = ContourSGLD(potential_fn=potential, initial_params={"x": torch.tensor(2.0)},
     ...                      step_size=1e-2, num_bins=50, bin_width=0.5, min_energy=-1.0, zeta=1.0)
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <torch._C.Generator object at ...>
     >>> mcmc = MCMC(kernel, num_samples=2000, warmup_steps=100, disable_progbar=True)
     >>> mcmc.run()
     >>> from pyro_flat import sample_stats

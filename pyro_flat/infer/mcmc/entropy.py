@@ -97,6 +97,7 @@ class EntropyMCMC(SGMCMCKernel):
     Examples
     --------
     >>> import torch, pyro, pyro.distributions as dist
+    >>> pyro.set_rng_seed(0)
     >>> from pyro.infer import MCMC
     >>> from pyro_flat.infer import EntropyMCMC
     >>> from pyro_flat.infer.mcmc.entropy import select_draws

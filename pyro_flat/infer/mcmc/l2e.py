@@ -85,6 +85,7 @@ class L2E(SGMCMCKernel):
     Examples
     --------
     >>> import torch, pyro, pyro.distributions as dist
+    >>> pyro.set_rng_seed(0)
     >>> from pyro.infer import MCMC
     >>> from pyro_flat.infer import L2E
     >>> def model(x, y):

@@ -28,6 +28,7 @@ class SGLD(SGMCMCKernel):
     Examples
     --------
     >>> import torch, pyro, pyro.distributions as dist
+    >>> pyro.set_rng_seed(0)
     >>> from pyro.infer import MCMC
     >>> from pyro_flat.infer import SGLD
     >>> def model(x, y):

@@ -114,6 +114,7 @@ class SASGLD(SGMCMCKernel):
     Examples
     --------
     >>> import torch, pyro, pyro.distributions as dist
+    >>> pyro.set_rng_seed(0)
     >>> from pyro.infer import MCMC
     >>> from pyro_flat.infer.mcmc.sharpness import SASGLD
     >>> def model(x, y):
