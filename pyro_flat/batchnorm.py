@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from pyro_flat import validation
-from pyro_flat.infer.mcmc.sharpness import find_batchnorm
+from pyro_flat.batchnorm_state import find_batchnorm
 
 
 def recompute_batchnorm(

@@ -175,15 +175,21 @@ def hessian_top_eigenvalue(
     leaves = _leaves(params)
     with torch.enable_grad():
         loss = loss_fn(leaves)
-        grads = torch.autograd.grad(loss, list(leaves.values()), create_graph=True)
+        grads = torch.autograd.grad(loss, list(leaves.values()), create_graph=True,
+                                    allow_unused=True) if loss.requires_grad else []
     v = [torch.randn(p.shape, dtype=p.dtype, generator=generator).to(p.device)
          for p in leaves.values()]
     norm = torch.sqrt(sum(t.square().sum() for t in v))
     v = [t / norm for t in v]
+    # the parts of the gradient that still depend on the parameters (none: a linear loss)
+    curved = [i for i, g in enumerate(grads) if g is not None and g.requires_grad]
+    if not curved:
+        return 0.0, dict(zip(leaves, v, strict=True))
     lam = None
     for _ in range(num_iters):
-        hv = torch.autograd.grad(grads, list(leaves.values()), grad_outputs=v,
-                                 retain_graph=True, allow_unused=True)
+        hv = torch.autograd.grad([grads[i] for i in curved], list(leaves.values()),
+                                 grad_outputs=[v[i] for i in curved], retain_graph=True,
+                                 allow_unused=True)
         hv = [torch.zeros_like(t) if h is None else h.detach() for h, t in zip(hv, v, strict=True)]
         new = float(sum((a * b).sum() for a, b in zip(v, hv, strict=True)))
         norm = torch.sqrt(sum(t.square().sum() for t in hv))

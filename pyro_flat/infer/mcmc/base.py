@@ -10,6 +10,7 @@ schedules, thinning, warmup counting, per-draw statistics, divergence handling a
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import warnings
 from collections import OrderedDict, deque
@@ -21,6 +22,9 @@ import torch
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from pyro_flat import validation
+from pyro_flat.batchnorm_state import find_batchnorm, kept_running_stats
+from pyro_flat.infer.mcmc import adaptation
+from pyro_flat.infer.mcmc.adaptation import DiagonalMetric
 from pyro_flat.infer.mcmc.layout import FlatLayout, Site
 from pyro_flat.infer.mcmc.minibatch import MinibatchStream
 from pyro_flat.infer.mcmc.potential import ModelPotential, trace_model
@@ -28,6 +32,7 @@ from pyro_flat.infer.mcmc.potential import ModelPotential, trace_model
 _STATE_VERSION = 1
 #: A draw whose gradient norm exceeds this multiple of the run's median raises a warning.
 BLOW_UP_FACTOR = 100.0
+_LOG = logging.getLogger("pyro_flat.adaptation")
 
 
 class _UserPotential:
@@ -52,8 +57,14 @@ class SGMCMCKernel(MCMCKernel):
     ----------
     model : callable, optional
         A Pyro model. Give either ``model`` or ``potential_fn``.
-    step_size : float
-        The step size :math:`\epsilon` on ``U``; positive and finite.
+    step_size : float, optional
+        The step size :math:`\epsilon` on ``U``; positive and finite. Omitted (``None``, and no
+        ``step_size_schedule``): warmup chooses it, as ``stability_fraction`` of the update's
+        stability limit at the largest curvature of ``U``, estimated by power iteration on
+        Hessian-vector products at the start of warmup and after 1/4, 1/2 and 3/4 of it
+        (:mod:`pyro_flat.infer.mcmc.adaptation`); the chosen values are in
+        ``diagnostics()["step_size_adaptation"]``, in the ``step_size`` statistic and in the
+        ``pyro_flat.adaptation`` logger (level INFO). Needs ``warmup_steps >= 1``.
     potential_fn : callable, optional
         ``potential_fn(params) -> U`` for a dict of unconstrained tensors; needs
         ``initial_params`` (here or in ``MCMC``).
@@ -80,6 +91,15 @@ class SGMCMCKernel(MCMCKernel):
         step, also when finite and non-finite steps alternate (a chain that falls back to its
         last finite state and blows up again from there). Fewer non-finite steps only mark
         their draws ``diverging`` and skip the update.
+    preconditioner : {None, "diag"}
+        ``"diag"``: learn a diagonal metric :math:`P = 1/\mathrm{E}[\hat g^2]` from the
+        gradients of warmup, together with the step size (so ``step_size`` must be omitted),
+        and freeze it at the last estimate; the sampler after warmup is exact for that fixed
+        metric. ``diagnostics()["inverse_mass"]`` holds :math:`P` per site. Only for kernels
+        whose target does not depend on the metric (SGLD, SGHMC, CyclicalSGLD, ContourSGLD).
+    stability_fraction : float
+        The adapted step size as a fraction of the stability limit, in ``(0, 1)``; smaller is
+        a smaller discretisation bias and slower mixing. Used only when warmup adapts.
 
     Notes
     -----
@@ -94,6 +114,10 @@ class SGMCMCKernel(MCMCKernel):
 
     #: Names of the per-draw statistics this kernel records.
     stat_names: tuple[str, ...] = ("lp", "step_size", "grad_norm", "diverging")
+    #: Whether warmup may choose the step size when none is given.
+    supports_adaptation: bool = True
+    #: Whether the update takes a diagonal metric (``preconditioner="diag"``) and stays exact.
+    supports_preconditioner: bool = True
 
     def __init__(
         self,
@@ -109,11 +133,30 @@ class SGMCMCKernel(MCMCKernel):
         init_strategy: Callable | None = None,
         data_plate: str | None = None,
         max_nonfinite_steps: int = 100,
+        preconditioner: str | None = None,
+        stability_fraction: float = 0.2,
     ):
         if (model is None) == (potential_fn is None):
             raise ValueError("give exactly one of model and potential_fn")
-        if step_size is None and step_size_schedule is None:
+        if step_size is None and step_size_schedule is None and not self.supports_adaptation:
             raise ValueError("step_size is required: a finite number in (0, inf)")
+        if preconditioner not in adaptation.PRECONDITIONERS:
+            raise ValueError(
+                f"preconditioner must be one of {adaptation.PRECONDITIONERS}, got "
+                f"{preconditioner!r}"
+            )
+        if preconditioner is not None:
+            if not self.supports_preconditioner:
+                raise ValueError(
+                    f"preconditioner={preconditioner!r} is not available for "
+                    f"{type(self).__name__}: a metric would reshape the neighbourhood its "
+                    "target is defined on; use preconditioner=None"
+                )
+            if step_size is not None or step_size_schedule is not None:
+                raise ValueError(
+                    f"preconditioner={preconditioner!r} is learned in warmup together with the "
+                    "step size: omit step_size and step_size_schedule"
+                )
         if step_size_schedule is not None:
             _check_schedule(step_size_schedule)
         if init_strategy is not None and not callable(init_strategy):
@@ -140,6 +183,15 @@ class SGMCMCKernel(MCMCKernel):
         self.max_nonfinite_steps = validation.integer_at_least(
             "max_nonfinite_steps", max_nonfinite_steps, 1
         )
+        self.preconditioner = preconditioner
+        self._adapt_requested = (
+            self.supports_adaptation and step_size is None and step_size_schedule is None
+        )
+        self.stability_fraction = validation.in_range(
+            "stability_fraction", stability_fraction, 0.0, 1.0, closed="()"
+        )
+        self.metric: DiagonalMetric | None = None
+        self._adapted_step_size: float | None = None
         self._kernel_initial_params = initial_params
         self._user_initial_params: dict[str, torch.Tensor] | None = None
         self._initial_params: dict[str, torch.Tensor] | None = None
@@ -187,6 +239,13 @@ class SGMCMCKernel(MCMCKernel):
     def auxiliary_name(self, site: str) -> str:
         """The name under which the auxiliary copy of ``site`` appears in the draws."""
         raise NotImplementedError
+
+    def stability_limit(self, curvature: float) -> float:
+        r"""The largest stable step of :meth:`update` on a quadratic potential of the given
+        curvature (largest Hessian eigenvalue; of :math:`P^{1/2} H P^{1/2}` with a metric).
+        The Langevin step's :math:`2/\lambda` by default; kernels with another update say
+        theirs."""
+        return adaptation.langevin_limit(curvature)
 
     def steps_for_next_draw(self) -> int:
         """How many SG steps the next call of :meth:`sample` runs."""
@@ -249,6 +308,7 @@ class SGMCMCKernel(MCMCKernel):
         self.aux_generator = torch.Generator(device=_device_of(args, kwargs))
         self.aux_generator.manual_seed(int(torch.randint(2**62, ())))
         state, self._resume_state = self._resume_state, None
+        self._reset_adaptation()
         if state is not None:
             z = self._restore(state)
         else:
@@ -256,6 +316,7 @@ class SGMCMCKernel(MCMCKernel):
             z = layout.flatten(init).to(next(iter(init.values())).dtype)
             self._t = 0
             self.init_kernel_state(z)
+        self._plan_adaptation(warmup_steps, z)
         self._user_initial_params = None
         self._z = z
         self._grad = torch.empty_like(z)
@@ -276,6 +337,110 @@ class SGMCMCKernel(MCMCKernel):
         self._last_flat = self._draw_state()
         self._initial_params = self._draw_layout.views(self._last_flat)
         self._last_draw = self._initial_params
+
+    # ------------------------------------------------------------------ warmup adaptation
+
+    @property
+    def adapts(self) -> bool:
+        """Whether warmup chooses the step size (no ``step_size`` and no schedule given)."""
+        return self._adapt_requested
+
+    def _reset_adaptation(self) -> None:
+        self.metric = None
+        self._adapted_step_size = None
+        self._adaptation_log: list[dict[str, float]] = []
+        self._estimate_at: list[int] = []
+        self._moment_sum: torch.Tensor | None = None
+        self._moment_count = 0
+        self._metric_from_start = True
+
+    def _plan_adaptation(self, warmup_steps: int, z: torch.Tensor) -> None:
+        if not self.adapts or (self._adapted_step_size is not None and not warmup_steps):
+            return  # an explicit step size, or a resumed run that adapted already
+        if warmup_steps < 1:
+            raise ValueError(
+                f"{type(self).__name__} was built without a step_size, so warmup chooses it, "
+                f"but warmup_steps={warmup_steps}: give MCMC(..., warmup_steps=...) of at least "
+                "1 (a few hundred draws are usual) or an explicit step_size"
+            )
+        self._estimate_at = adaptation.estimate_points(warmup_steps)
+        if self.preconditioner == "diag":
+            self._moment_sum = torch.zeros_like(z)
+
+    def potential_of(
+        self, params: dict[str, torch.Tensor], batch: torch.Tensor | None
+    ) -> torch.Tensor:
+        r""":math:`\hat U` of ``params`` (unconstrained, per site) on ``batch``, differentiable
+        (twice): the model's potential plus the closed-form prior the hot path adds."""
+        u = torch.as_tensor(self.potential(params, batch))
+        if u.dim():
+            u = _as_scalar(u)
+        flat_prior = getattr(self.potential, "flat_prior", None)
+        if flat_prior is not None:
+            z = torch.cat([params[s.name].reshape(-1) for s in self._layout.sites])
+            d = z - flat_prior.loc
+            u = u + 0.5 * (d * flat_prior.precision * d).sum()
+        return u
+
+    def _top_curvature(self) -> float:
+        """The largest |eigenvalue| of the minibatch Hessian (of :math:`P^{1/2} H P^{1/2}` with a
+        metric), by :func:`pyro_flat.flatness.hessian_top_eigenvalue`."""
+        from pyro_flat.flatness import hessian_top_eigenvalue
+
+        rng = pyro.util.get_rng_state()
+        try:
+            batch = self._stream.peek() if self._stream is not None else None
+        finally:
+            pyro.util.set_rng_state(rng)
+        scale = None if self.metric is None else self._layout.views(self.metric.scale)
+
+        def potential(phi: dict[str, torch.Tensor]) -> torch.Tensor:
+            params = phi if scale is None else {k: v * scale[k] for k, v in phi.items()}
+            return self.potential_of(params, batch)
+
+        start = {k: v.detach() if scale is None else v.detach() / scale[k]
+                 for k, v in self._layout.views(self._z).items()}
+        generator = torch.Generator().manual_seed(2_654_435_761 + self._t)
+        with kept_running_stats(find_batchnorm(self.model)):
+            curvature, _ = hessian_top_eigenvalue(
+                potential, start, num_iters=adaptation.POWER_ITERATIONS,
+                tol=adaptation.POWER_TOLERANCE, generator=generator)
+        return abs(curvature)
+
+    def _adapt(self) -> None:
+        """Re-estimate the step size (and the metric) at this warmup draw."""
+        self._estimate_at.pop(0)
+        if self._moment_sum is not None and self._moment_count:
+            self.metric = DiagonalMetric.from_moments(self._moment_sum / self._moment_count)
+            if self._metric_from_start:  # forget the first window, the transient from the start
+                self._moment_sum.zero_()
+                self._moment_count = 0
+                self._metric_from_start = False
+        if not self._estimate_at:
+            self._moment_sum = None  # the metric is frozen from here on
+        curvature = self._top_curvature()
+        limit = self.stability_limit(curvature) if curvature > 0 else math.inf
+        step = self.stability_fraction * limit
+        if not (math.isfinite(step) and step > 0):
+            if self._adapted_step_size is not None:  # keep the last good estimate
+                _LOG.warning("%s: curvature estimate %r at warmup draw %d unusable; keeping "
+                             "step size %.4g", type(self).__name__, curvature, self._draw,
+                             self._adapted_step_size)
+                return
+            raise ValueError(
+                f"{type(self).__name__}: warmup could not choose a step size at draw "
+                f"{self._draw}: the largest curvature of the potential is {curvature!r} (a "
+                "potential that is linear, or not finite, at the initial parameters); give "
+                "an explicit step_size"
+            )
+        self.check_step_size(step)
+        self._adapted_step_size = step
+        record = {"draw": self._draw, "num_sg_steps": self._t, "curvature": curvature,
+                  "stability_limit": limit, "step_size": step}
+        self._adaptation_log.append(record)
+        _LOG.info("%s: warmup draw %d (SG step %d): largest curvature %.4g, stability limit "
+                  "%.4g, step size %.4g%s", type(self).__name__, self._draw, self._t,
+                  curvature, limit, step, " (diagonal metric)" if self.metric else "")
 
     def _make_draw_layout(self) -> FlatLayout:
         if self.auxiliary_state() is None:
@@ -312,6 +477,8 @@ class SGMCMCKernel(MCMCKernel):
         if params is not self._last_draw:
             self._load_draw(params)
         self._diverged = False
+        if self._estimate_at and self._draw == self._estimate_at[0]:
+            self._adapt()
         for _ in range(self.steps_for_next_draw()):
             self._sg_step()
         if self._draw >= self._warmup_steps:
@@ -352,7 +519,14 @@ class SGMCMCKernel(MCMCKernel):
                 stacklevel=2,
             )
         self._warn_if_blown_up(stats["grad_norm"])
-        return {"divergences": divergences, "sample_stats": stats, "num_sg_steps": self._t}
+        out = {"divergences": divergences, "sample_stats": stats, "num_sg_steps": self._t}
+        if self._adaptation_log:
+            out["step_size_adaptation"] = [dict(r) for r in self._adaptation_log]
+        if self.metric is not None:
+            out["inverse_mass"] = {
+                k: v.clone() for k, v in self._layout.views(self.metric.inverse_mass).items()
+            }
+        return out
 
     def _warn_if_blown_up(self, grad_norm: torch.Tensor) -> None:
         """A chain can explode and stay finite; say so when a draw's gradient norm jumps far
@@ -399,10 +573,15 @@ class SGMCMCKernel(MCMCKernel):
             u = u + flat_prior.value_and_grad_(self._z, self._grad)
         return u, self._grad
 
+    @property
+    def base_step_size(self) -> float | None:
+        """``step_size``, or the one warmup chose when it was omitted."""
+        return self.step_size if self.step_size is not None else self._adapted_step_size
+
     def current_step_size(self) -> float:
         """The step size of the next SG step."""
         if self.step_size_schedule is None:
-            return self.step_size
+            return self.base_step_size
         eps = self.step_size_schedule(self._t)
         if not (isinstance(eps, int | float) or torch.is_tensor(eps)) or not (
             math.isfinite(float(eps)) and float(eps) > 0
@@ -436,6 +615,9 @@ class SGMCMCKernel(MCMCKernel):
         recent.append(not finite)
         if finite:
             self._z_finite.copy_(self._z)
+            if self._moment_sum is not None:
+                self._moment_sum.addcmul_(grad, grad)
+                self._moment_count += 1
             self.update(self._z, grad, eps)
             self._nonfinite = 0
         else:
@@ -519,6 +701,16 @@ class SGMCMCKernel(MCMCKernel):
             "minibatch": None if self._stream is None else self._stream.state_dict(),
             "rng": self._rng_for_checkpoint(),
             "aux_rng": self.aux_generator_state(),
+            "adaptation": self._adaptation_state(),
+        }
+
+    def _adaptation_state(self) -> dict[str, Any] | None:
+        if self._adapted_step_size is None:
+            return None
+        return {
+            "step_size": self._adapted_step_size,
+            "inverse_mass": None if self.metric is None else self.metric.inverse_mass.clone(),
+            "log": [dict(r) for r in self._adaptation_log],
         }
 
     def aux_generator_state(self) -> torch.Tensor:
@@ -552,6 +744,13 @@ class SGMCMCKernel(MCMCKernel):
             self._stream.load_state_dict(state["minibatch"])
         pyro.util.set_rng_state(state["rng"])
         self.aux_generator.set_state(state["aux_rng"])
+        adapted = state.get("adaptation")  # absent from checkpoints written before adaptation
+        if adapted is not None:
+            self._adapted_step_size = adapted["step_size"]
+            if adapted["inverse_mass"] is not None:
+                self.metric = DiagonalMetric(adapted["inverse_mass"].clone(),
+                                             adapted["inverse_mass"].sqrt())
+            self._adaptation_log = [dict(r) for r in adapted["log"]]
         return z
 
     def __getstate__(self) -> dict[str, Any]:

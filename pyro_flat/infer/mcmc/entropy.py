@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from pyro_flat import validation
+from pyro_flat.infer.mcmc import adaptation
 from pyro_flat.infer.mcmc.base import SGMCMCKernel
 from pyro_flat.infer.mcmc.integrators import langevin_step_, underdamped_step_
 from pyro_flat.infer.mcmc.noise import PrefetchedNormal
@@ -120,6 +121,7 @@ class EntropyMCMC(SGMCMCKernel):
     """
 
     stat_names = SGMCMCKernel.stat_names + ("coupling_distance",)
+    supports_preconditioner = False  # a metric would reshape the smoothing kernel
     #: Draw the guide's noise ahead on a worker thread (``None``: when a core is spare, see
     #: :mod:`pyro_flat.infer.mcmc.noise`); the values are the same either way.
     prefetch_noise: bool | None = None
@@ -144,6 +146,17 @@ class EntropyMCMC(SGMCMCKernel):
         self.coupling = bool(coupling)
         if self.step_size is not None:
             self.check_step_size(self.step_size)
+
+    def stability_limit(self, curvature: float) -> float:
+        r"""The limit at the joint curvature: the largest eigenvalue of the Hessian of
+        :math:`U(\theta) + k\|\theta-\theta_a\|^2/2` in :math:`(\theta, \theta_a)`,
+        :math:`(\lambda + 2k + \sqrt{\lambda^2 + 4k^2})/2`, with :math:`k` the coupling
+        strength."""
+        k = self.coupling_strength
+        joint = 0.5 * (curvature + 2 * k + math.sqrt(curvature**2 + 4 * k * k))
+        if self.friction is None:
+            return adaptation.langevin_limit(joint)
+        return adaptation.underdamped_limit(joint, self.friction, self.mass)
 
     def check_step_size(self, step_size: float) -> None:
         factor = 1.0 if self.tempered_coupling else max(self.temperature, 1e-300)

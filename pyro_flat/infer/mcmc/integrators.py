@@ -2,14 +2,21 @@ r"""Update rules on flat parameter tensors, shared by the kernels. All updates a
 
 ``noise`` is a preallocated buffer the size of the parameters; each rule refills it with one
 ``normal_()`` call, so a step allocates nothing. ``generator`` (default: torch's global one)
-lets a kernel draw the noise of a second set of variables from a stream of its own.
+lets a kernel draw the noise of a second set of variables from a stream of its own. ``metric``
+(a fixed diagonal inverse mass :math:`P`, see :mod:`pyro_flat.infer.mcmc.adaptation`) runs the
+rule in the coordinates :math:`\phi = P^{-1/2}\theta`, where the metric is the identity;
+``None`` is the identity itself, and the arithmetic is then exactly the unpreconditioned one.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from pyro_flat.infer.mcmc.adaptation import DiagonalMetric
 
 
 def langevin_step_(
@@ -19,16 +26,23 @@ def langevin_step_(
     temperature: float,
     noise: torch.Tensor,
     generator: torch.Generator | None = None,
+    metric: DiagonalMetric | None = None,
 ) -> None:
-    r"""Overdamped Langevin (SGLD) step :math:`\theta \leftarrow \theta - \epsilon \nabla U +
-    \sqrt{2 \epsilon T}\,\xi`, :math:`\xi \sim \mathcal{N}(0, I)`.
+    r"""Overdamped Langevin (SGLD) step :math:`\theta \leftarrow \theta - \epsilon P \nabla U +
+    \sqrt{2 \epsilon T}\,P^{1/2}\xi`, :math:`\xi \sim \mathcal{N}(0, I)` (:math:`P = I`
+    without a ``metric``).
 
     Welling & Teh (2011), "Bayesian learning via stochastic gradient Langevin dynamics".
     With ``temperature = 0`` it is a gradient-descent step and draws no noise.
     """
-    theta.add_(grad, alpha=-step_size)
+    if metric is None:
+        theta.add_(grad, alpha=-step_size)
+    else:
+        theta.addcmul_(grad, metric.inverse_mass, value=-step_size)
     if temperature > 0:
         noise.normal_(generator=generator)
+        if metric is not None:
+            noise.mul_(metric.scale)
         theta.add_(noise, alpha=math.sqrt(2.0 * step_size * temperature))
 
 
@@ -44,6 +58,7 @@ def underdamped_step_(
     noise_estimate: float = 0.0,
     generator: torch.Generator | None = None,
     draw_noise: bool = True,
+    metric: DiagonalMetric | None = None,
 ) -> None:
     r"""SGHMC step of Chen, Fox & Guestrin (2014), Eq. (13), Euler-discretised:
 
@@ -55,12 +70,22 @@ def underdamped_step_(
 
     with friction :math:`C`, scalar mass :math:`M` and gradient-noise estimate :math:`\hat B`.
     The stationary law is :math:`\exp(-U(\theta)/T)\,\mathcal{N}(r; 0, M T)`.
-    With ``draw_noise=False`` ``noise`` already holds the standard-normal draw to use.
+    With ``draw_noise=False`` ``noise`` already holds the standard-normal draw to use. With a
+    ``metric`` :math:`P` the momentum lives in the coordinates :math:`P^{-1/2}\theta`: its
+    gradient is :math:`P^{1/2}\nabla U` and :math:`\theta` moves by
+    :math:`\epsilon M^{-1} P^{1/2} r` (the mass matrix is :math:`M P^{-1}`).
     """
-    momentum.mul_(1.0 - step_size * friction / mass).add_(grad, alpha=-step_size)
+    momentum.mul_(1.0 - step_size * friction / mass)
+    if metric is None:
+        momentum.add_(grad, alpha=-step_size)
+    else:
+        momentum.addcmul_(grad, metric.scale, value=-step_size)
     variance = 2.0 * (friction - noise_estimate) * step_size * temperature
     if variance > 0:
         if draw_noise:
             noise.normal_(generator=generator)
         momentum.add_(noise, alpha=math.sqrt(variance))
-    theta.add_(momentum, alpha=step_size / mass)
+    if metric is None:
+        theta.add_(momentum, alpha=step_size / mass)
+    else:
+        theta.addcmul_(momentum, metric.scale, value=step_size / mass)

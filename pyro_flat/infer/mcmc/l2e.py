@@ -107,6 +107,11 @@ class L2E(SGMCMCKernel):
     arXiv:2408.09140. Code: github.com/ciao-seohyeon/l2e.
     """
 
+    #: L2E has its own rule for an omitted step size (the authors' sqrt(step_mult / N)), and
+    #: its learned kinetic energy is not written for a metric.
+    supports_adaptation = False
+    supports_preconditioner = False
+
     def __init__(
         self,
         model: Callable | None = None,

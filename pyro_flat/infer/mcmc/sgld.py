@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from pyro_flat import validation
+from pyro_flat.infer.mcmc import adaptation
 from pyro_flat.infer.mcmc.base import SGMCMCKernel
 from pyro_flat.infer.mcmc.integrators import langevin_step_, underdamped_step_
 
@@ -52,7 +53,7 @@ class SGLD(SGMCMCKernel):
         self._noise = torch.empty_like(z)
 
     def update(self, z: torch.Tensor, grad: torch.Tensor, step_size: float) -> None:
-        langevin_step_(z, grad, step_size, self.temperature, self._noise)
+        langevin_step_(z, grad, step_size, self.temperature, self._noise, metric=self.metric)
 
 
 class SGHMC(SGMCMCKernel):
@@ -112,6 +113,9 @@ class SGHMC(SGMCMCKernel):
         if self.step_size is not None:
             self.check_step_size(self.step_size)
 
+    def stability_limit(self, curvature: float) -> float:
+        return adaptation.underdamped_limit(curvature, self.friction, self.mass)
+
     def check_step_size(self, step_size: float) -> None:
         validation.in_range(
             "step_size * friction / mass", step_size * self.friction / self.mass, 0, 1,
@@ -144,7 +148,7 @@ class SGHMC(SGMCMCKernel):
     def update(self, z: torch.Tensor, grad: torch.Tensor, step_size: float) -> None:
         underdamped_step_(
             z, self._momentum, grad, step_size, self.friction, self.mass, self.temperature,
-            self._noise, self.noise_estimate,
+            self._noise, self.noise_estimate, metric=self.metric,
         )
 
 
@@ -196,9 +200,8 @@ class CyclicalSGLD(SGLD):
         for fixed in ("num_steps_per_sample", "step_size_schedule"):
             if fixed in kwargs:
                 raise ValueError(f"CyclicalSGLD sets {fixed} from its cycles; do not pass it")
-        if step_size is None:
-            raise ValueError("step_size is required: a finite number in (0, inf)")
-        super().__init__(model, step_size, step_size_schedule=self._cosine, **kwargs)
+        super().__init__(model, step_size, **kwargs)
+        self.step_size_schedule = self._cosine
         self.cycle_length = validation.integer_at_least("cycle_length", cycle_length, 2)
         self.exploration_fraction = validation.in_range(
             "exploration_fraction", exploration_fraction, 0.0, 1.0, closed="[)"
@@ -225,7 +228,7 @@ class CyclicalSGLD(SGLD):
 
     def _cosine(self, t: int) -> float:
         r = t % self.cycle_length
-        return 0.5 * self.step_size * (math.cos(math.pi * r / self.cycle_length) + 1.0)
+        return 0.5 * self.base_step_size * (math.cos(math.pi * r / self.cycle_length) + 1.0)
 
     def in_exploration(self, t: int) -> bool:
         """Whether SG step ``t`` lies in the noiseless exploration stage of its cycle."""
@@ -239,4 +242,4 @@ class CyclicalSGLD(SGLD):
 
     def update(self, z: torch.Tensor, grad: torch.Tensor, step_size: float) -> None:
         temperature = 0.0 if self.in_exploration(self._t) else self.temperature
-        langevin_step_(z, grad, step_size, temperature, self._noise)
+        langevin_step_(z, grad, step_size, temperature, self._noise, metric=self.metric)

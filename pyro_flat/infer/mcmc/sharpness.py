@@ -10,40 +10,14 @@ import torch
 from torch import nn
 
 from pyro_flat import validation
+from pyro_flat.batchnorm_state import find_batchnorm, kept_running_stats
+from pyro_flat.infer.mcmc import adaptation
 from pyro_flat.infer.mcmc.base import SGMCMCKernel
 from pyro_flat.infer.mcmc.integrators import langevin_step_, underdamped_step_
 
 #: The offset :math:`\eta` of the geometry-aware ball, :math:`D = (|\theta| + \eta)^2`
 #: (ASAM's default, Kwon et al. 2021), so that parameters at zero can still be perturbed.
 GEOMETRY_ETA = 0.01
-
-_BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
-
-
-def find_batchnorm(model: Any) -> list[nn.Module]:
-    """The BatchNorm modules whose running statistics a forward pass of ``model`` may update.
-
-    The rule: ``model`` itself if it is a :class:`torch.nn.Module`, ``model.__self__`` if it is
-    a bound method of one, and the :class:`torch.nn.Module` attributes of a plain model object
-    or function (one level, e.g. ``model.net``); all their submodules that are BatchNorm (or
-    any ``_NormBase`` with running statistics) are returned, each once. Networks reached in
-    other ways (globals, closures) are not found: pass them as ``batchnorm_modules=``.
-    """
-    roots: list[nn.Module] = []
-    if isinstance(model, nn.Module):
-        roots.append(model)
-    elif isinstance(getattr(model, "__self__", None), nn.Module):
-        roots.append(model.__self__)
-    else:
-        roots.extend(v for v in getattr(model, "__dict__", {}).values()
-                     if isinstance(v, nn.Module))
-    found: dict[int, nn.Module] = {}
-    for root in roots:
-        for m in root.modules():
-            if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats:
-                found.setdefault(id(m), m)
-    return list(found.values())
-
 
 class SASGLD(SGMCMCKernel):
     r"""Sharpness-aware SGLD (F-SGLD): Langevin dynamics on the sharpness-aware posterior.
@@ -138,6 +112,7 @@ class SASGLD(SGMCMCKernel):
     """
 
     stat_names = SGMCMCKernel.stat_names + ("sharpness",)
+    supports_preconditioner = False  # a metric would reshape the ball of radius rho
 
     def __init__(
         self,
@@ -164,6 +139,11 @@ class SASGLD(SGMCMCKernel):
                 raise ValueError(
                     f"batchnorm_modules must hold BatchNorm modules, got {type(m).__name__}"
                 )
+
+    def stability_limit(self, curvature: float) -> float:
+        if self.friction is None:
+            return adaptation.langevin_limit(curvature)
+        return adaptation.underdamped_limit(curvature, self.friction, self.mass)
 
     def check_step_size(self, step_size: float) -> None:
         if self.friction is not None:
@@ -226,17 +206,12 @@ class SASGLD(SGMCMCKernel):
             self._perturbed = False
             return u, g
         self._theta.copy_(self._z)
-        saved = [[getattr(m, b).clone() if getattr(m, b, None) is not None else None
-                  for b in _BN_BUFFERS] for m in self._bn]
         try:
-            self._z.add_(self._e)
-            u_e, g_e = self.potential_and_grad(batch)  # g_e is the base's buffer self._grad
+            with kept_running_stats(self._bn):
+                self._z.add_(self._e)
+                u_e, g_e = self.potential_and_grad(batch)  # g_e is the base's buffer self._grad
         finally:
             self._z.copy_(self._theta)  # exact restore, not z - e
-            for m, bufs in zip(self._bn, saved, strict=True):
-                for name, value in zip(_BN_BUFFERS, bufs, strict=True):
-                    if value is not None:
-                        getattr(m, name).copy_(value)
         self._sharpness = float(u_e - u)
         if not (math.isfinite(float(u_e)) and bool(torch.isfinite(g_e).all())):
             self._perturbed = False

@@ -23,7 +23,7 @@ from pyro.infer.autoguide import AutoContinuous, AutoDelta, AutoNormal
 from pyro.util import get_rng_state, set_rng_state, warn_if_nan
 
 from pyro_flat import validation
-from pyro_flat.infer.mcmc.sharpness import _BN_BUFFERS, find_batchnorm
+from pyro_flat.batchnorm_state import find_batchnorm, kept_running_stats
 
 #: Name tokens (split at ``.`` and ``_``) that mark a guide parameter as a *mean*, each with the
 #: tokens tried, in order, for its paired *scale*.
@@ -330,22 +330,16 @@ class SharpnessAwareELBO(Trace_ELBO):
                 for (_, m, _), e in zip(means, step, strict=True):
                     saved.append(m.detach().clone())
                     m.add_(e)
-        bn = self._batchnorm(model)
-        bn_saved = [[getattr(m, b).clone() if getattr(m, b, None) is not None else None
-                     for b in _BN_BUFFERS] for m in bn]
         try:
-            set_rng_state(rng)  # the same noise z (and minibatch) as the first pass
-            model_trace, guide_trace = get(model, guide, args, kwargs)
-            _, surrogate = self._differentiable_loss_particle(model_trace, guide_trace)
-            self._backward(surrogate, model_trace, guide_trace)
+            with kept_running_stats(self._batchnorm(model)):  # stats move once per step
+                set_rng_state(rng)  # the same noise z (and minibatch) as the first pass
+                model_trace, guide_trace = get(model, guide, args, kwargs)
+                _, surrogate = self._differentiable_loss_particle(model_trace, guide_trace)
+                self._backward(surrogate, model_trace, guide_trace)
         finally:
             with torch.no_grad():
                 for (_, m, _), value in zip(means, saved, strict=False):
                     m.copy_(value)  # exact restore, not mu' - e
-                for m, bufs in zip(bn, bn_saved, strict=True):  # stats move once per step
-                    for name, value in zip(_BN_BUFFERS, bufs, strict=True):
-                        if value is not None:
-                            getattr(m, name).copy_(value)
         return loss
 
     def loss_and_grads(self, model: Callable, guide: Callable, *args: Any,
