@@ -49,9 +49,11 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "infer" / "mcmc"))
 import test_contour as toys  # noqa: E402  (the toy potentials and their quadrature truths)
 
 from pyro_flat import metrics  # noqa: E402
-from pyro_flat.cli import ClassifierModel, Settings, build_mlp  # noqa: E402
+from pyro_flat.bnn import BNN  # noqa: E402
+from pyro_flat.cli import Settings, build_mlp  # noqa: E402
 from pyro_flat.datasets import load_dataset  # noqa: E402
 from pyro_flat.infer import SGLD, ContourSGLD, reweight  # noqa: E402
+from pyro_flat.likelihoods import Categorical  # noqa: E402
 from pyro_flat.nn import make_bayesian  # noqa: E402
 from pyro_flat.predictive import bma_probs  # noqa: E402
 
@@ -164,7 +166,7 @@ def bnn(steps: int, seed: int, kept: int = 12, warmup: int = 4) -> list[dict]:
         net = build_mlp(data.input_shape[0], data.num_classes, settings.hidden)
         net = make_bayesian(net, prior_scale=settings.prior_scale,
                             scale_rule=settings.scale_rule)
-        model = ClassifierModel(net, settings.batch_size)
+        model = BNN(net, Categorical(), subsample_size=settings.batch_size)
         eps = settings.lr / data.num_train
         thin = steps // (kept + warmup)
         if method == "SGLD":

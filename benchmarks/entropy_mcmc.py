@@ -35,11 +35,13 @@ import torch
 from pyro.infer import MCMC
 
 from pyro_flat import metrics
-from pyro_flat.cli import ClassifierModel, Settings, build_mlp
+from pyro_flat.bnn import BNN
+from pyro_flat.cli import Settings, build_mlp
 from pyro_flat.datasets import load_dataset
 from pyro_flat.flatness import hessian_top_eigenvalue, mean_loss, sharpness
 from pyro_flat.infer import SGLD, CyclicalSGLD, EntropyMCMC
 from pyro_flat.infer.mcmc.entropy import select_draws
+from pyro_flat.likelihoods import Categorical
 from pyro_flat.nn import make_bayesian
 from pyro_flat.predictive import bma_probs
 
@@ -66,7 +68,7 @@ def run_method(method: str, data, steps: int, seed: int) -> list[dict]:
     pyro.set_rng_seed(seed)
     net = build_mlp(data.input_shape[0], data.num_classes, SETTINGS.hidden)
     net = make_bayesian(net, prior_scale=SETTINGS.prior_scale, scale_rule=SETTINGS.scale_rule)
-    model = ClassifierModel(net, SETTINGS.batch_size)
+    model = BNN(net, Categorical(), subsample_size=SETTINGS.batch_size)
     eps = SETTINGS.lr / data.num_train
     thin = steps // (KEPT + WARMUP)
     if method == "SGLD":

@@ -25,9 +25,11 @@ import torch
 from pyro.infer import SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
-from pyro_flat.cli import ClassifierModel, build_mlp
+from pyro_flat.bnn import BNN
+from pyro_flat.cli import build_mlp
 from pyro_flat.datasets import load_dataset
 from pyro_flat.infer import HWA
+from pyro_flat.likelihoods import Categorical
 from pyro_flat.nn import make_bayesian
 
 
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     data = load_dataset("mnist1d")
     net = make_bayesian(build_mlp(data.input_shape[0], data.num_classes, (100, 100)),
                         prior_scale=3.0)
-    model = ClassifierModel(net, 128)
+    model = BNN(net, Categorical(), subsample_size=128)
     guide = AutoNormal(model)
     svi = SVI(model, guide, pyro.optim.Adam({"lr": 1e-3}), Trace_ELBO())
     hwa = HWA(svi, lr_bounds=(1e-4, 1e-3), cycle_length=10)

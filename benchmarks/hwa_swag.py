@@ -35,9 +35,11 @@ from pyro.infer import SVI, Predictive, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
 from pyro_flat import metrics
-from pyro_flat.cli import ClassifierModel, build_mlp
+from pyro_flat.bnn import BNN
+from pyro_flat.cli import build_mlp
 from pyro_flat.datasets import load_dataset
 from pyro_flat.infer import HWA, SWAG
+from pyro_flat.likelihoods import Categorical
 from pyro_flat.nn import make_bayesian
 from pyro_flat.optim import SAM
 from pyro_flat.predictive import bma_probs
@@ -64,7 +66,7 @@ def bbb_vs_hwa(data, steps: int, pretrain: int, seed: int) -> list[dict]:
     pyro.set_rng_seed(seed)
     net = make_bayesian(build_mlp(data.input_shape[0], data.num_classes, (100, 100)),
                         prior_scale=3.0)
-    model = ClassifierModel(net, 128)
+    model = BNN(net, Categorical(), subsample_size=128)
     guide = AutoNormal(model, init_scale=0.01)
     svi = SVI(model, guide, pyro.optim.Adam({"lr": 1e-3}), Trace_ELBO())
     for _ in range(pretrain):

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     for network, (make_net, input_shape) in so.NETWORKS.items():
         pyro.set_rng_seed(0)
         net, _ = so.bayesian(make_net())
-        model, data = so.SubsampledModel(net), so.random_data(input_shape)
+        model, data = so.subsampled_model(net), so.random_data(input_shape)
         chains = {name: Chain(make(model), data) for name, make in KERNELS.items()}
         for chain in chains.values():  # warm up
             chain.advance(2)

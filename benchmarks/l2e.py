@@ -42,15 +42,15 @@ import time
 from pathlib import Path
 
 import pyro
-import pyro.distributions as dist
 import torch
 from pyro.infer import MCMC
 
 from pyro_flat import metrics
+from pyro_flat.bnn import BNN
 from pyro_flat.datasets import load_dataset
 from pyro_flat.infer import L2E, SGLD, CyclicalSGLD
 from pyro_flat.infer.mcmc.l2e_net import MetaNet
-from pyro_flat.nn import make_bayesian
+from pyro_flat.likelihoods import Categorical
 from pyro_flat.predictive import bma_probs
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -62,21 +62,6 @@ OFFICIAL = Path(__file__).resolve().parents[1] / ".." / "shared" / "reference" /
 KEPT, CYCLES = 10, 5
 BATCH = 128
 SGLD_LR = 0.2
-
-
-class Classifier:
-    """A Bayesian classifier in Pyro's subsampling idiom (indices first, network outside)."""
-
-    def __init__(self, net: torch.nn.Module, batch_size: int):
-        self.net, self.batch_size = net, batch_size
-
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        plate = pyro.plate("data", x.shape[0], subsample_size=self.batch_size)
-        with plate as ind:
-            pass
-        logits = self.net(x[ind])
-        with plate:
-            pyro.sample("y", dist.Categorical(logits=logits), obs=y[ind])
 
 
 def mlp(d_in: int, d_out: int, hidden: tuple[int, ...]) -> torch.nn.Sequential:
@@ -130,8 +115,10 @@ def run(method: str, task: str, seed: int, scale: float) -> dict:
     x, y, xt, yt = task_data(data_name)
     pyro.clear_param_store()
     pyro.set_rng_seed(seed)
-    net = make_bayesian(mlp(x.shape[1], int(y.max()) + 1, hidden), prior_scale=1.0)
-    kernel, warmup = make_kernel(method, Classifier(net, BATCH), x.shape[0], steps)
+    model = BNN(mlp(x.shape[1], int(y.max()) + 1, hidden), Categorical(), prior_scale=1.0,
+                subsample_size=BATCH)
+    net = model.net
+    kernel, warmup = make_kernel(method, model, x.shape[0], steps)
     start = time.perf_counter()
     mcmc = MCMC(kernel, num_samples=KEPT, warmup_steps=warmup, disable_progbar=True)
     mcmc.run(x, y)
@@ -177,7 +164,7 @@ def step_time(rounds: int, chunk: int) -> dict:
     """Interleaved chunks of SGLD and L2E draws (10 steps each) and of two meta-net calls."""
     pyro.set_rng_seed(0)
     net, _ = so.bayesian(so.make_mlp())
-    model, data = so.SubsampledModel(net), so.random_data((784,))
+    model, data = so.subsampled_model(net), so.random_data((784,))
     chains = {"SGLD": ksr.Chain(SGLD(model, step_size=so.STEP_SIZE,
                                      num_steps_per_sample=so.STEPS_PER_DRAW), data),
               "L2E": ksr.Chain(L2E(model, step_size=so.STEP_SIZE,

@@ -41,10 +41,12 @@ from pyro.infer import MCMC, SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
 from pyro_flat import metrics
-from pyro_flat.cli import ClassifierModel, Settings, build_mlp
+from pyro_flat.bnn import BNN
+from pyro_flat.cli import Settings, build_mlp
 from pyro_flat.datasets import load_dataset
 from pyro_flat.flatness import sharpness
 from pyro_flat.infer import SASGLD, SGLD, LocalReparameterization, SharpnessAwareELBO
+from pyro_flat.likelihoods import Categorical
 from pyro_flat.nn import init_to_network, make_bayesian
 from pyro_flat.predictive import bma_probs, guide_draws
 
@@ -68,7 +70,7 @@ def fit(method: str, data, mcmc_steps: int, svi_steps: int, seed: int):
     pyro.clear_param_store()
     pyro.set_rng_seed(seed)
     net = network(data)
-    model = ClassifierModel(net, SETTINGS.batch_size)
+    model = BNN(net, Categorical(), subsample_size=SETTINGS.batch_size)
     x, y = data.x_train, data.y_train
     if method in ("SGLD", "SASGLD"):
         eps = SETTINGS.lr / data.num_train

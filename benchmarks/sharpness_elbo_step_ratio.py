@@ -29,9 +29,11 @@ import torch
 from pyro.infer import SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoDiagonalNormal, AutoNormal
 
-from pyro_flat.cli import ClassifierModel, build_mlp
+from pyro_flat.bnn import BNN
+from pyro_flat.cli import build_mlp
 from pyro_flat.datasets import load_dataset
 from pyro_flat.infer import SharpnessAwareELBO
+from pyro_flat.likelihoods import Categorical
 from pyro_flat.nn import make_bayesian
 
 LOSSES = {"Trace_ELBO": lambda: Trace_ELBO(),
@@ -44,7 +46,7 @@ def measure(guide_cls, data, rounds: int, chunk: int) -> list[dict]:
     pyro.set_rng_seed(0)
     net = make_bayesian(build_mlp(data.input_shape[0], data.num_classes, (100, 100)),
                         prior_scale=3.0)
-    model = ClassifierModel(net, 128)
+    model = BNN(net, Categorical(), subsample_size=128)
     guide = guide_cls(model, init_scale=0.01)
     svis = {name: SVI(model, guide, pyro.optim.Adam({"lr": 1e-3}), make())
             for name, make in LOSSES.items()}

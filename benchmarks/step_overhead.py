@@ -11,8 +11,9 @@ divided by the time of one hand-written SGLD step on the same network in the sam
   log joint (Normal(0, 1) prior as a sum of squares plus ``-(N/B) * cross_entropy(..., "sum")``),
   ``torch.autograd.grad``, and an in-place Langevin update of every parameter with
   ``torch._foreach_add_`` (gradient, then Gaussian noise scaled by ``sqrt(2 eps)``);
-* kernel step: the same network made Bayesian with :func:`pyro_flat.nn.make_bayesian`, written in
-  Pyro's subsampling idiom (indices drawn in the plate, the network run outside it); the wall
+* kernel step: the same network made Bayesian with :func:`pyro_flat.nn.make_bayesian`, as the
+  model ``BNN(net, Categorical(), subsample_size=B)`` (Pyro's subsampling idiom: indices drawn
+  in the plate, the network run outside it); the wall
   time of ``MCMC.run`` (kernel setup, draw storage and the driver included) divided by the
   number of SG steps.
 
@@ -69,7 +70,9 @@ from pyro.nn.module import to_pyro_module_
 from torch import nn
 from torch.func import functional_call
 
+from pyro_flat.bnn import BNN
 from pyro_flat.infer import SGHMC, SGLD, CyclicalSGLD, SGMCMCKernel
+from pyro_flat.likelihoods import Categorical
 
 NUM_DATA = 10_000
 BATCH_SIZE = 128
@@ -123,19 +126,9 @@ def bayesian(net: nn.Module) -> tuple[PyroModule, str]:
     return net, "PyroSample by hand"
 
 
-class SubsampledModel:
-    """The Bayesian network in Pyro's subsampling idiom: indices, then the net outside the plate."""
-
-    def __init__(self, net: PyroModule):
-        self.net = net
-
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        plate = pyro.plate("data", x.shape[0], subsample_size=BATCH_SIZE)
-        with plate as ind:
-            pass
-        logits = self.net(x[ind])
-        with plate:
-            pyro.sample("obs", dist.Categorical(logits=logits), obs=y[ind])
+def subsampled_model(net: PyroModule) -> BNN:
+    """The Bayesian network as a Pyro model on minibatches of ``BATCH_SIZE``."""
+    return BNN(net, Categorical(), subsample_size=BATCH_SIZE)
 
 
 # ---------------------------------------------------------------------------------- hand-written
@@ -187,7 +180,7 @@ class HandSGLD:
 # ---------------------------------------------------------------------------------- kernels
 
 
-def make_kernel(name: str, model: SubsampledModel) -> SGMCMCKernel:
+def make_kernel(name: str, model: BNN) -> SGMCMCKernel:
     """A kernel taking one draw every ``STEPS_PER_DRAW`` SG steps at a comparable step size."""
     if name == "SGLD":
         return SGLD(model, step_size=STEP_SIZE, num_steps_per_sample=STEPS_PER_DRAW)
@@ -203,7 +196,7 @@ def make_kernel(name: str, model: SubsampledModel) -> SGMCMCKernel:
     raise ValueError(f"unknown kernel {name!r}")
 
 
-def run_mcmc(kernel_name: str, model: SubsampledModel, data: tuple, num_draws: int) -> MCMC:
+def run_mcmc(kernel_name: str, model: BNN, data: tuple, num_draws: int) -> MCMC:
     mcmc = MCMC(make_kernel(kernel_name, model), num_samples=num_draws, warmup_steps=0,
                 disable_progbar=True)
     mcmc.run(*data)
@@ -246,7 +239,7 @@ def repeat(fn: Callable[[], Any], steps: int) -> Callable[[], None]:
     return loop
 
 
-def mcmc_timing(kernel_name: str, model: SubsampledModel, data: tuple, steps: int) -> Timing:
+def mcmc_timing(kernel_name: str, model: BNN, data: tuple, steps: int) -> Timing:
     return timed(lambda: run_mcmc(kernel_name, model, data, steps // STEPS_PER_DRAW))
 
 
@@ -367,7 +360,7 @@ class PotentialRow:
         return _ratios(self.kernel_cpu_ms, self.hand_cpu_ms)
 
 
-def kernel_potential(model: SubsampledModel, data: tuple, indices: EpochIndices) -> Callable:
+def kernel_potential(model: BNN, data: tuple, indices: EpochIndices) -> Callable:
     """``kernel.potential_and_grad`` of a set-up SGLD kernel on fresh minibatches.
 
     Distribution validation is off, as ``MCMC.run`` turns it off (``disable_validation=True``).
@@ -388,7 +381,7 @@ def measure_network(network: str, args: argparse.Namespace) -> tuple[list[Row], 
     per_step = args.hand_indices == "randperm"
     hand = HandSGLD(factory(), *data, EpochIndices(NUM_DATA, BATCH_SIZE, per_step))
     net, builder = bayesian(factory())
-    model = SubsampledModel(net)
+    model = subsampled_model(net)
     num_params = sum(p.numel() for p in hand.leaves)
     print(f"\n{network}: {num_params:,} parameters, priors from {builder}", flush=True)
     rows = {k: Row(network, k, num_params) for k in KERNELS}

@@ -38,7 +38,7 @@ def main() -> None:
     torch.set_num_threads(1)
     pyro.set_rng_seed(0)
     net, _ = so.bayesian(so.make_mlp())
-    model, data = so.SubsampledModel(net), so.random_data((784,))
+    model, data = so.subsampled_model(net), so.random_data((784,))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "chains drawn sequentially" on 2 cores
         mcmc = MCMC(SGLD(model, step_size=1e-6), num_samples=100, warmup_steps=0, num_chains=2,

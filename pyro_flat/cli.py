@@ -101,12 +101,12 @@ import torch
 from pyro_flat.compare import registry
 from pyro_flat.compare.config import BUDGETS, MIN_STEPS, Budget, Plan, Settings, make_plan
 from pyro_flat.compare.evaluation import METRICS
-from pyro_flat.compare.models import MODELS, ClassifierModel, build_cnn, build_mlp
+from pyro_flat.compare.models import MODELS, build_cnn, build_mlp
 from pyro_flat.compare.output import COLUMNS, format_table, output_problem
 from pyro_flat.compare.run import Options, compare
 
 __all__ = [
-    "BUDGETS", "COLUMNS", "METRICS", "Budget", "ClassifierModel", "Plan", "Settings",
+    "BUDGETS", "COLUMNS", "METRICS", "Budget", "Plan", "Settings",
     "build_cnn", "build_mlp", "format_table", "main", "make_plan",
 ]
 

@@ -17,11 +17,11 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro.infer import MCMC
-from pyro.nn import PyroModule
 from pyro.ops.stats import effective_sample_size
 from torch import nn
 
-from pyro_flat.nn import make_bayesian
+from pyro_flat.bnn import BNN
+from pyro_flat.likelihoods import HomoskedasticGaussian
 
 Z = 4.5
 
@@ -152,23 +152,13 @@ def check_gaussian(chains: torch.Tensor, mean, cov, *, exact_cov=None, target_to
 # ---------------------------------------------------------------- models (importable: spawn)
 
 
-class BayesianLinearRegression(PyroModule):
-    """``y = x w + b + N(0, sigma^2)`` with ``w, b ~ N(0, prior_scale^2)``, in Pyro's
-    subsampling idiom when ``batch_size`` is given (network run outside the plate)."""
-
-    def __init__(self, dim: int, prior_scale: float, sigma: float, batch_size: int | None):
-        super().__init__()
-        self.net = make_bayesian(nn.Linear(dim, 1), prior_scale=prior_scale)
-        self.sigma = sigma
-        self.batch_size = batch_size
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        plate = pyro.plate("data", x.shape[0], subsample_size=self.batch_size)
-        with plate as ind:
-            pass
-        mean = self.net(x[ind]).squeeze(-1)
-        with plate:
-            pyro.sample("obs", dist.Normal(mean, self.sigma), obs=y[ind])
+def BayesianLinearRegression(  # noqa: N802 (reads as the model class it builds)
+    dim: int, prior_scale: float, sigma: float, batch_size: int | None
+) -> BNN:
+    """``y = x w + b + N(0, sigma^2)`` with ``w, b ~ N(0, prior_scale^2)`` (sites
+    ``net.weight``, ``net.bias``), minibatched by ``batch_size`` (``None``: full batch)."""
+    return BNN(nn.Linear(dim, 1), HomoskedasticGaussian(scale=sigma), prior_scale=prior_scale,
+               subsample_size=batch_size)
 
 
 def linear_regression_posterior(x, y, prior_scale: float, sigma: float):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import arviz as az
 import numpy as np
+import pyro
 import pytest
 import torch
 
@@ -27,7 +28,7 @@ BUDGET = 160  # 4 cycles of 40 steps: every method's rounding is exact at this b
 #: Kept draws at BUDGET: 12 (4 warmup), twice that for EntropyMCMC (theta and guide), one
 #: network per ensemble member, one for SGD.
 DRAWS = {"entropy": 24, "ensemble": 4, "ensemble-sam": 4, "sgd": 1}
-SITES = {"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"}
+SITES = {"net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias", "net.4.weight", "net.4.bias"}
 
 
 def run(argv):
@@ -128,7 +129,7 @@ def test_compare_writes_draws_as_netcdf(digits_run, methods):
             sites |= {site + "__guide" for site in sites}
         assert set(idata.posterior.data_vars) == sites, method
         draws = DRAWS.get(method, 12) // (2 if method == "entropy" else 1)
-        assert idata.posterior["0.weight"].shape == (1, draws, 100, 64), method
+        assert idata.posterior["net.0.weight"].shape == (1, draws, 100, 64), method
         if method in MCMC:  # the kernel's per-draw statistics come along
             assert {"lp", "step_size", "grad_norm", "diverging"} <= set(
                 idata.sample_stats.data_vars)
@@ -170,7 +171,7 @@ def test_svi_draws_come_from_a_fitted_guide(digits_run):
     # the guide's draws differ from one another (a Gaussian, not a point) but stay near its
     # mean: their spread is far below the prior's scale 3 / sqrt(64) = 0.375 for layer 0
     idata = az.from_netcdf(digits_run[3] / "draws_svi.nc")
-    w = torch.as_tensor(idata.posterior["0.weight"].values)[0]
+    w = torch.as_tensor(idata.posterior["net.0.weight"].values)[0]
     spread = w.std(0)
     assert 0 < float(spread.mean()) < 0.1
 
@@ -214,7 +215,7 @@ def test_cnn(tmp_path):
     result = json.loads((out / "results.json").read_text())
     assert result["dataset"] == "digits" and result["model"] == "cnn"
     idata = az.from_netcdf(out / "draws_sgld.nc")
-    assert idata.posterior["1.weight"].shape[2:] == (16, 1, 5)  # Conv1d(1, 16, 5)
+    assert idata.posterior["net.1.weight"].shape[2:] == (16, 1, 5)  # Conv1d(1, 16, 5)
 
 
 def one_error_line(stderr):
@@ -409,10 +410,26 @@ def test_quick_and_full_budgets():
     assert full.steps == cli.BUDGETS["full"].steps and full.num_draws > quick.num_draws
 
 
-def test_model_pickles():
-    net = cli.build_mlp(4, 3, (5,))
-    model = pickle.loads(pickle.dumps(cli.ClassifierModel(net, 8)))
-    assert model.batch_size == 8 and isinstance(model.net, torch.nn.Sequential)
+def test_model_pickles_and_names_point_draws_as_its_sites():
+    """compare's model (BNN + Categorical) pickles, and the point-estimate runners' draws
+    (point_draws of a plain network) carry the names of the model's sites."""
+    from pyro.poutine.util import site_is_subsample
+
+    from pyro_flat.compare.common import Context, point_draws
+    from pyro_flat.datasets import load_dataset
+
+    plan = cli.make_plan(cli.Budget(steps=40), 0.8)
+    ctx = Context(load_dataset("digits", num_train=100), cli.Settings(), plan, seed=0,
+                  show_progress=False)
+    model = pickle.loads(pickle.dumps(ctx.bnn()))
+    assert model.subsample_size == ctx.settings.batch_size
+    trace = pyro.poutine.trace(model).get_trace(ctx.data.x_train, ctx.data.y_train)
+    latent = {n for n, s in trace.nodes.items() if s["type"] == "sample"
+              and not s["is_observed"] and not site_is_subsample(s)}
+    plain = ctx.network()
+    assert set(point_draws(plain)) == latent
+    assert set(pyro.poutine.trace(ctx.bayesian_copy(plain)).get_trace(
+        ctx.data.x_test).stochastic_nodes) == latent
 
 
 def test_cnn_shapes():
@@ -466,7 +483,7 @@ def test_images_go_through_a_flattening_mlp():
     ctx = Context(images, cli.Settings(), plan, seed=0, show_progress=False)
     for method in ("sgld", "swag"):
         fit = registry.ALL[method].run(method, ctx)
-        assert fit.samples["1.weight"].shape[1:] == (100, 64)  # Flatten is module 0
+        assert fit.samples["net.1.weight"].shape[1:] == (100, 64)  # Flatten is module 0
         assert evaluate(fit, images, seed=0).metrics["accuracy"] > 0.3
 
 

@@ -1,10 +1,11 @@
 import pyro
-import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer import MCMC
 
+from pyro_flat.bnn import BNN
 from pyro_flat.infer import SGLD
+from pyro_flat.likelihoods import Categorical
 from pyro_flat.nn import make_bayesian
 from pyro_flat.predictive import bma_probs
 
@@ -80,15 +81,7 @@ def test_single_draw_and_extra_sites_ignored(x):
 
 
 def test_draws_from_an_mcmc_run(x):
-    net = tiny_net()
-
-    def model(x, y):
-        plate = pyro.plate("data", x.shape[0], subsample_size=8)
-        with plate as ind:
-            pass
-        logits = net(x[ind])
-        with plate:
-            pyro.sample("obs", dist.Categorical(logits=logits), obs=y[ind])
+    model = BNN(tiny_net(), Categorical(), subsample_size=8)  # its sites: net.0.weight, ...
 
     pyro.set_rng_seed(0)
     y = torch.randint(CLASSES, (len(x),))
@@ -96,8 +89,10 @@ def test_draws_from_an_mcmc_run(x):
                 warmup_steps=2, disable_progbar=True)
     mcmc.run(x, y)
     samples = mcmc.get_samples()
-    probs = bma_probs(net, samples, x, batch_size=5)
-    torch.testing.assert_close(probs, direct_probs(samples, x).mean(0), atol=1e-6, rtol=0)
+    assert set(samples) == {"net." + k for k in random_samples()}
+    probs = bma_probs(model.net, samples, x, batch_size=5)
+    unprefixed = {k.removeprefix("net."): v for k, v in samples.items()}
+    torch.testing.assert_close(probs, direct_probs(unprefixed, x).mean(0), atol=1e-6, rtol=0)
 
 
 def test_does_not_touch_the_global_rng(x):

@@ -9,9 +9,10 @@
 # %% [markdown]
 # # A first BNN: EntropyMCMC, SGLD and ArviZ
 #
-# We write a Bayesian MLP as a `PyroModule`, sample its posterior with SGLD and with
-# Entropy-MCMC through Pyro's own `MCMC` driver, export the draws to ArviZ, and score the
-# Bayesian model average (BMA) on held-out digits and on out-of-distribution inputs.
+# We write a Bayesian MLP as a Pyro model in one line (`pyro_flat.bnn.BNN`), sample its
+# posterior with SGLD and with Entropy-MCMC through Pyro's own `MCMC` driver, export the draws
+# to ArviZ, and score the Bayesian model average (BMA) on held-out digits and on
+# out-of-distribution inputs.
 #
 # Run it as a script (`python tutorials/01_first_bnn_entropy_mcmc.py`) or open it as a notebook
 # with jupytext. `PYRO_FLAT_QUICK=1` makes it run in seconds (CI does this).
@@ -26,10 +27,11 @@ from pyro.infer import MCMC
 
 import pyro_flat
 from pyro_flat import metrics
+from pyro_flat.bnn import BNN
 from pyro_flat.datasets import load_dataset
 from pyro_flat.infer import SGLD, EntropyMCMC
 from pyro_flat.infer.mcmc.entropy import select_draws
-from pyro_flat.nn import make_bayesian
+from pyro_flat.likelihoods import Categorical
 from pyro_flat.predictive import bma_probs
 
 QUICK = os.environ.get("PYRO_FLAT_QUICK") == "1"
@@ -48,26 +50,29 @@ data = load_dataset("digits")
 print(data.num_train, "training digits,", data.num_test, "test,", len(data.x_ood), "OOD")
 
 
-def make_net():
+def make_model():
     net = torch.nn.Sequential(torch.nn.Linear(64, 100), torch.nn.ReLU(), torch.nn.Linear(100, 10))
-    # every weight and bias gets a Normal(0, 3^2 / fan_in) prior: a PyroModule with PyroSample
-    return make_bayesian(net, prior_scale=3.0, scale_rule="fan_in")
+    # every weight and bias gets a Normal(0, 3^2 / fan_in) prior (a PyroModule with PyroSample),
+    # the labels a Categorical likelihood, each model run a minibatch of 128 scaled by N / 128
+    return BNN(net, Categorical(), prior_scale=3.0, scale_rule="fan_in", subsample_size=128)
 
 
-class Classifier:
-    """Pyro's subsampling idiom: indices first, the network outside the plate."""
+print(make_model())
 
-    def __init__(self, net, batch_size=128):
-        self.net, self.batch_size = net, batch_size
-
-    def __call__(self, x, y):
-        plate = pyro.plate("data", x.shape[0], subsample_size=self.batch_size)
-        with plate as ind:
-            pass
-        logits = self.net(x[ind])
-        with plate:
-            pyro.sample("obs", pyro.distributions.Categorical(logits=logits), obs=y[ind])
-
+# %% [markdown]
+# `BNN` is a plain Pyro model: its `forward(x, y)` is Pyro's subsampling idiom, which you
+# would otherwise write by hand,
+#
+# ```python
+# plate = pyro.plate("data", len(x), subsample_size=128)
+# with plate as ind:       # draw the minibatch indices first
+#     pass
+# logits = net(x[ind])     # run the network outside the plate (its priors stay global)
+# with plate:              # observe inside it: the log-likelihood is scaled by N / 128
+#     pyro.sample("obs", dist.Categorical(logits=logits), obs=y[ind])
+# ```
+#
+# and the network's sites are named after its parameters under `net.` (`net.0.weight`, ...).
 
 # %% [markdown]
 # ## Sampling
@@ -80,8 +85,7 @@ class Classifier:
 lr, n = 0.2, data.num_train
 runs = {}
 for name in ("sgld", "entropy"):
-    net = make_net()
-    model = Classifier(net)
+    model = make_model()
     if name == "sgld":
         kernel = SGLD(model, step_size=lr / n, num_steps_per_sample=STEPS_PER_DRAW)
     else:
@@ -89,7 +93,7 @@ for name in ("sgld", "entropy"):
                              num_steps_per_sample=STEPS_PER_DRAW)
     mcmc = MCMC(kernel, num_samples=DRAWS, warmup_steps=WARMUP, disable_progbar=QUICK)
     mcmc.run(data.x_train, data.y_train)
-    runs[name] = (net, mcmc)
+    runs[name] = (model.net, mcmc)
 
 # %% [markdown]
 # ## ArviZ
@@ -103,7 +107,7 @@ for name in ("sgld", "entropy"):
 net, mcmc = runs["entropy"]
 idata = pyro_flat.to_arviz(mcmc)
 print(idata)
-print(az.summary(idata, var_names=["2.bias"], kind="stats"))
+print(az.summary(idata, var_names=["net.2.bias"], kind="stats"))
 print("divergences:", int(idata.sample_stats["diverging"].sum()))
 print(az.loo(idata))
 

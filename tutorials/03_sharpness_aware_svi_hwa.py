@@ -29,11 +29,12 @@ from pyro.infer import SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
 from pyro_flat import metrics
-from pyro_flat.cli import ClassifierModel  # tutorial 01 writes this model out
+from pyro_flat.bnn import BNN
 from pyro_flat.datasets import load_dataset
 from pyro_flat.flatness import sharpness
 from pyro_flat.infer import HWA, SharpnessAwareELBO
-from pyro_flat.nn import init_to_network, make_bayesian
+from pyro_flat.likelihoods import Categorical
+from pyro_flat.nn import init_to_network
 from pyro_flat.predictive import bma_probs, guide_draws
 
 QUICK = os.environ.get("PYRO_FLAT_QUICK") == "1"
@@ -44,8 +45,8 @@ torch.set_num_threads(1)
 # ## Data and model
 #
 # scikit-learn's 8×8 digits, a 64-100-10 MLP with a Normal(0, 3²/fan_in) prior on every weight,
-# and Pyro's subsampling idiom (indices first, the network outside the plate), as
-# `pyro_flat.cli.ClassifierModel` writes it (tutorial 01 spells it out).
+# and a Categorical likelihood on minibatches of 128: `BNN(net, Categorical(), ...)`, the
+# one-line model of tutorial 01.
 
 # %%
 data = load_dataset("digits")
@@ -55,13 +56,11 @@ def make_fit(loss):
     """A fresh network, guide and SVI at the same seed: only the loss differs."""
     pyro.clear_param_store()
     pyro.set_rng_seed(0)
-    net = make_bayesian(torch.nn.Sequential(torch.nn.Linear(64, 100), torch.nn.ReLU(),
-                                            torch.nn.Linear(100, 10)),
-                        prior_scale=3.0, scale_rule="fan_in")
-    model = ClassifierModel(net, batch_size=128)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 100), torch.nn.ReLU(), torch.nn.Linear(100, 10))
+    model = BNN(net, Categorical(), prior_scale=3.0, scale_rule="fan_in", subsample_size=128)
     guide = AutoNormal(model, init_loc_fn=init_to_network, init_scale=0.01)
     svi = SVI(model, guide, pyro.optim.Adam({"lr": 3e-3}), loss)
-    return net, model, guide, svi
+    return model.net, model, guide, svi
 
 
 def score(name, net, guide):

@@ -31,12 +31,12 @@ import torch
 from pyro.infer import MCMC
 
 from pyro_flat import metrics
-from pyro_flat.cli import ClassifierModel  # tutorial 01 writes this model out
+from pyro_flat.bnn import BNN
 from pyro_flat.datasets import load_dataset
 from pyro_flat.infer import L2E, SGLD, CyclicalSGLD
 from pyro_flat.infer.l2e_meta import MetaTrainConfig, MetaTrainer
 from pyro_flat.infer.l2e_tasks import make_task
-from pyro_flat.nn import make_bayesian
+from pyro_flat.likelihoods import Categorical
 from pyro_flat.predictive import bma_probs
 
 QUICK = os.environ.get("PYRO_FLAT_QUICK") == "1"
@@ -47,18 +47,17 @@ torch.set_num_threads(1)
 # %% [markdown]
 # ## A Bayesian MLP on digits
 #
-# The model uses Pyro's subsampling idiom: minibatch indices first, the network outside the
-# plate, the observations inside it (scaled by N / B): `pyro_flat.cli.ClassifierModel`, which
-# tutorial 01 spells out. L2E reads the dataset size N from the
-# plate: its default step size is the authors' `sqrt(step_mult / N)`.
+# The model is tutorial 01's one line, `BNN(net, Categorical(), subsample_size=128)`: Pyro's
+# subsampling idiom, with the observations scaled by N / B. L2E reads the dataset size N from
+# the plate: its default step size is the authors' `sqrt(step_mult / N)`.
 
 # %%
 data = load_dataset("digits")
 
 
-def make_net():
+def make_model():
     net = torch.nn.Sequential(torch.nn.Linear(64, 100), torch.nn.ReLU(), torch.nn.Linear(100, 10))
-    return make_bayesian(net, prior_scale=3.0, scale_rule="fan_in")
+    return BNN(net, Categorical(), prior_scale=3.0, scale_rule="fan_in", subsample_size=128)
 
 
 # %% [markdown]
@@ -85,11 +84,11 @@ def kernel_for(name, model):
 scores = {}
 for name in ("L2E", "SGLD", "cyclical SGLD"):
     pyro.set_rng_seed(0)
-    net = make_net()
-    kernel = kernel_for(name, ClassifierModel(net, batch_size=128))
+    model = make_model()
+    kernel = kernel_for(name, model)
     mcmc = MCMC(kernel, num_samples=DRAWS, warmup_steps=DRAWS, disable_progbar=QUICK)
     mcmc.run(data.x_train, data.y_train)
-    probs = bma_probs(net, mcmc.get_samples(), data.x_test)
+    probs = bma_probs(model.net, mcmc.get_samples(), data.x_test)
     scores[name] = {"accuracy": metrics.accuracy(probs, data.y_test),
                     "NLL": metrics.nll(probs, data.y_test),
                     "ECE": metrics.ece(probs, data.y_test),

@@ -30,9 +30,10 @@ from pyro.infer import MCMC
 
 from pyro_flat import metrics, plots
 from pyro_flat.batchnorm import recompute_batchnorm
-from pyro_flat.cli import ClassifierModel
+from pyro_flat.bnn import BNN
 from pyro_flat.infer import SGHMC
 from pyro_flat.infer.mcmc.sharpness import find_batchnorm
+from pyro_flat.likelihoods import Categorical
 from pyro_flat.nn import bayesian_parameter_names, make_bayesian
 from pyro_flat.predictive import bma_probs
 
@@ -101,8 +102,9 @@ print(len(find_batchnorm(net)), "BatchNorm layers with fixed affine parameters a
 # %% [markdown]
 # ## Sampling
 #
-# The likelihood is `Categorical(logits=net(x))` on minibatches, scaled by `N / B`
-# (`ClassifierModel`, the model of `pyro-flat compare`). SGHMC is SGD with momentum plus
+# The likelihood is `Categorical(logits=net(x))` on minibatches, scaled by `N / B`:
+# `BNN(net, Categorical(), subsample_size=B)`, which takes the network made Bayesian above as
+# it is (its sites are now named `net.conv1.weight`, ...). SGHMC is SGD with momentum plus
 # noise: `SGHMC.from_sgd(model, lr, momentum, N)` takes the SGD learning rate on the *mean*
 # loss. The network stays in training mode while sampling, so BatchNorm normalises with the
 # minibatch statistics, as in SGD training.
@@ -110,7 +112,7 @@ print(len(find_batchnorm(net)), "BatchNorm layers with fixed affine parameters a
 # %%
 batch, lr = (32, 0.01) if QUICK else (128, 0.05)
 steps_per_draw, draws, warmup = (4, 4, 2) if QUICK else (390, 20, 40)  # full: one epoch/draw
-model = ClassifierModel(net, batch)
+model = BNN(net, Categorical(), subsample_size=batch)
 kernel = SGHMC.from_sgd(model, lr * (1 - 0.9), 0.9, num_train,
                         num_steps_per_sample=steps_per_draw)
 net.train()

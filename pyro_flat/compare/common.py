@@ -84,9 +84,21 @@ class Context:
         return make_bayesian(self.network() if net is None else net,
                              prior_scale=s.prior_scale, scale_rule=s.scale_rule)
 
+    def bnn(self, net: torch.nn.Module | None = None) -> Any:
+        """The Pyro model of every method: ``BNN(net, Categorical(), subsample_size=B)``.
+
+        ``net`` (default a fresh network) is made Bayesian with the shared prior; inside the
+        model its sites are named ``net.<parameter>`` (e.g. ``net.0.weight``).
+        """
+        from pyro_flat.bnn import BNN
+        from pyro_flat.likelihoods import Categorical
+
+        return BNN(self.bayesian(net), Categorical(), subsample_size=self.settings.batch_size)
+
     def bayesian_copy(self, net: torch.nn.Module) -> torch.nn.Module:
-        """A Bayesian copy of a plain ``net`` whose sites are named as its parameters."""
-        return self.bayesian(copy.deepcopy(net))
+        """The Bayesian network of :meth:`bnn` for a copy of a plain ``net``: its sites are
+        named as :func:`point_draws` names ``net``'s parameters."""
+        return self.bnn(copy.deepcopy(net)).net
 
     def progress(self, total: int, label: str) -> Any:
         """A progress bar over ``total`` gradient evaluations (``update(n)``, ``close()``)."""
@@ -105,7 +117,7 @@ class Context:
 class Fit:
     """A runner's result: draws for ``net``, gradient evaluations spent, optional ArviZ data."""
 
-    net: torch.nn.Module  # Bayesian network (make_bayesian) the draws are for
+    net: torch.nn.Module  # the Bayesian network of Context.bnn the draws are for
     samples: dict[str, torch.Tensor]  # {site: (num_draws, *shape)}
     grad_evals: int
     idata: Any = None  # ArviZ InferenceData of the draws (MCMC methods)
@@ -142,6 +154,11 @@ def stack_draws(draws: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]
     return {k: torch.stack([d[k].detach() for d in draws]) for k in draws[0]}
 
 
+#: The prefix of the network's sites in :meth:`Context.bnn` (``BNN`` holds it as ``net``).
+SITE_PREFIX = "net."
+
+
 def point_draws(net: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The parameters of a plain network as one draw."""
-    return {name: p.detach().clone()[None] for name, p in net.named_parameters()}
+    """The parameters of a plain network as one draw, named as the sites of
+    ``Context.bayesian_copy(net)``."""
+    return {SITE_PREFIX + name: p.detach().clone()[None] for name, p in net.named_parameters()}

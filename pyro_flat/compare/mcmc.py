@@ -9,17 +9,19 @@ the *mean* loss: the kernels act on ``U``, ``N`` times the mean loss, so ``step_
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyro_flat.compare.common import Context, Fit, Method
 from pyro_flat.compare.config import ENTROPY_STEP_OVER_ETA, RHO
-from pyro_flat.compare.models import ClassifierModel
+
+if TYPE_CHECKING:
+    from pyro_flat.bnn import BNN
 
 #: ``(kernel, num_samples, warmup_steps, gradient evaluations per SG step)``
 Built = tuple[Any, int, int, int]
 
 
-def _sgld(model: ClassifierModel, ctx: Context) -> Built:
+def _sgld(model: BNN, ctx: Context) -> Built:
     from pyro_flat.infer import SGLD
 
     s, p = ctx.settings, ctx.plan
@@ -28,7 +30,7 @@ def _sgld(model: ClassifierModel, ctx: Context) -> Built:
     return kernel, p.num_draws, p.warmup_draws, 1
 
 
-def _sghmc(model: ClassifierModel, ctx: Context) -> Built:
+def _sghmc(model: BNN, ctx: Context) -> Built:
     from pyro_flat.infer import SGHMC
 
     s, p = ctx.settings, ctx.plan
@@ -37,7 +39,7 @@ def _sghmc(model: ClassifierModel, ctx: Context) -> Built:
     return kernel, p.num_draws, p.warmup_draws, 1
 
 
-def _csgld(model: ClassifierModel, ctx: Context) -> Built:
+def _csgld(model: BNN, ctx: Context) -> Built:
     from pyro_flat.infer import CyclicalSGLD
 
     s, p = ctx.settings, ctx.plan
@@ -48,7 +50,7 @@ def _csgld(model: ClassifierModel, ctx: Context) -> Built:
     return kernel, kept, p.warmup_cycles * p.draws_per_cycle, 1
 
 
-def _entropy(model: ClassifierModel, ctx: Context) -> Built:
+def _entropy(model: BNN, ctx: Context) -> Built:
     from pyro_flat.infer import EntropyMCMC
 
     s, p = ctx.settings, ctx.plan
@@ -58,7 +60,7 @@ def _entropy(model: ClassifierModel, ctx: Context) -> Built:
     return kernel, p.num_draws, p.warmup_draws, 1
 
 
-def _sasgld(model: ClassifierModel, ctx: Context) -> Built:
+def _sasgld(model: BNN, ctx: Context) -> Built:
     from pyro_flat.infer import SASGLD
 
     s, p = ctx.settings, ctx.plan  # two gradients per step: half the steps of SGLD
@@ -76,7 +78,7 @@ CONTOUR_BINS = 100
 CONTOUR_ZETA = 0.75
 
 
-def _contour(model: ClassifierModel, ctx: Context) -> Built:
+def _contour(model: BNN, ctx: Context) -> Built:
     from pyro_flat.infer import ContourSGLD
 
     s, p = ctx.settings, ctx.plan
@@ -86,7 +88,7 @@ def _contour(model: ClassifierModel, ctx: Context) -> Built:
     return kernel, p.num_draws, p.warmup_draws, 1
 
 
-def _l2e(model: ClassifierModel, ctx: Context) -> Built:
+def _l2e(model: BNN, ctx: Context) -> Built:
     from pyro_flat.infer import L2E
 
     s, p = ctx.settings, ctx.plan
@@ -94,7 +96,7 @@ def _l2e(model: ClassifierModel, ctx: Context) -> Built:
     return kernel, p.num_draws, p.warmup_draws, 1
 
 
-BUILDERS: dict[str, Callable[[ClassifierModel, Context], Built]] = {
+BUILDERS: dict[str, Callable[[BNN, Context], Built]] = {
     "sgld": _sgld, "sghmc": _sghmc, "csgld": _csgld, "entropy": _entropy, "sasgld": _sasgld,
     "contour": _contour, "l2e": _l2e,
 }
@@ -109,8 +111,7 @@ def run_kernel(method: str, ctx: Context) -> Fit:
 
     pyro.clear_param_store()
     pyro.set_rng_seed(ctx.seed)
-    net = ctx.bayesian()
-    model = ClassifierModel(net, ctx.settings.batch_size)
+    model = ctx.bnn()
     kernel, num_samples, warmup, grads_per_step = BUILDERS[method](model, ctx)
     per_draw = getattr(kernel, "num_steps_per_sample", 1) * grads_per_step
     bar = ctx.progress(per_draw * (num_samples + warmup), method)
@@ -142,7 +143,7 @@ def run_kernel(method: str, ctx: Context) -> Fit:
         log_w = torch.as_tensor(idata.sample_stats["log_weight"].values).reshape(-1)
         weights = torch.softmax(log_w.double(), 0)
         notes["weights_ess"] = round(float(1 / weights.square().sum()), 2)
-    return Fit(net, samples, kernel.num_steps * grads_per_step, idata=idata, weights=weights,
+    return Fit(model.net, samples, kernel.num_steps * grads_per_step, idata=idata, weights=weights,
                notes=notes)
 
 

@@ -1,4 +1,8 @@
-"""The networks and the Pyro likelihood that every method of ``pyro-flat compare`` shares."""
+"""The networks that every method of ``pyro-flat compare`` shares.
+
+The Pyro model around them is :class:`pyro_flat.bnn.BNN` with a ``Categorical()`` likelihood
+(:meth:`pyro_flat.compare.common.Context.bnn`).
+"""
 
 from __future__ import annotations
 
@@ -11,30 +15,6 @@ from pyro_flat.compare.config import Settings
 
 #: Architectures accepted by ``--model``.
 MODELS = ("mlp", "cnn")
-
-
-class ClassifierModel:
-    """The Pyro model: ``Categorical(logits=net(x))`` on a minibatch of ``batch_size``.
-
-    A class rather than a closure so that it pickles (worker processes). The minibatch indices
-    are drawn first and the network runs outside the plate, so that its ``PyroSample`` priors
-    are not batched over the plate.
-    """
-
-    def __init__(self, net: torch.nn.Module, batch_size: int):
-        self.net = net
-        self.batch_size = batch_size
-
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        import pyro
-        import pyro.distributions as dist
-
-        plate = pyro.plate("data", x.shape[0], subsample_size=min(self.batch_size, x.shape[0]))
-        with plate as ind:
-            pass
-        logits = self.net(x[ind])
-        with plate:
-            pyro.sample("obs", dist.Categorical(logits=logits), obs=y[ind])
 
 
 def build_mlp(in_features: int, num_classes: int, hidden: Sequence[int]) -> torch.nn.Sequential:

@@ -16,7 +16,7 @@ from pyro_flat.compare import figures, output, registry
 from pyro_flat.compare.common import Context
 from pyro_flat.compare.config import Plan, Settings
 from pyro_flat.compare.evaluation import METRICS, Evaluation, evaluate
-from pyro_flat.compare.models import ClassifierModel, describe
+from pyro_flat.compare.models import describe
 
 
 @dataclass
@@ -62,8 +62,8 @@ def run_method(name: str, ctx: Context) -> Outcome:
         fit = registry.ALL[name].run(name, ctx)
         ev = evaluate(fit, ctx.data, ctx.seed)
         idata = fit.idata if fit.idata is not None else to_arviz(
-            fit.samples, model=ClassifierModel(fit.net, ctx.settings.batch_size),
-            model_args=(ctx.data.x_test, ctx.data.y_test))  # log-likelihood of the test set
+            # a fresh model with the same sites (net.*): the draws replace all its weights
+            fit.samples, model=ctx.bnn(), model_args=(ctx.data.x_test, ctx.data.y_test))
     except Exception as err:  # e.g. a chain that diverged: report it, keep the others
         return _failed_row(start, cpu, err), None, None, {}
     row = {**ev.metrics, "grad_evals": fit.grad_evals,

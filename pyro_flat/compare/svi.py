@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from pyro_flat.compare.common import Context, Fit, Method
 from pyro_flat.compare.config import RHO
-from pyro_flat.compare.models import ClassifierModel
 
 
 def run_svi(method: str, ctx: Context) -> Fit:
@@ -35,8 +34,7 @@ def run_svi(method: str, ctx: Context) -> Fit:
     s, p = ctx.settings, ctx.plan
     pyro.clear_param_store()
     pyro.set_rng_seed(ctx.seed)
-    net = ctx.bayesian()
-    model = ClassifierModel(net, s.batch_size)
+    model = ctx.bnn()
     guide = AutoDiagonalNormal(model, init_loc_fn=init_to_network, init_scale=s.svi_init_scale)
     per = 1
     if method == "sa-elbo":
@@ -71,7 +69,7 @@ def run_svi(method: str, ctx: Context) -> Fit:
         sample_guide = hwa.averaged_guide()
         notes["snapshots"] = hwa.num_snapshots
     draws = guide_draws(sample_guide, p.num_draws, x, y)
-    return Fit(net, draws, steps * per, notes=notes)
+    return Fit(model.net, draws, steps * per, notes=notes)
 
 
 METHODS = [

@@ -10,7 +10,7 @@ covariance scale ``swag_scale`` (0.5, the authors' choice). F-SWAG takes SAM ste
 
 from __future__ import annotations
 
-from pyro_flat.compare.common import Context, Fit, Method
+from pyro_flat.compare.common import SITE_PREFIX, Context, Fit, Method
 from pyro_flat.compare.sgd import train_map
 
 
@@ -39,7 +39,8 @@ def run_swag(method: str, ctx: Context) -> Fit:
     finally:
         bar.close()
     generator = torch.Generator().manual_seed(ctx.seed)
-    draws = swag.draws(p.num_draws, s.swag_scale, generator=generator)
+    draws = {SITE_PREFIX + name: value for name, value in
+             swag.draws(p.num_draws, s.swag_scale, generator=generator).items()}
     return Fit(ctx.bayesian_copy(net), draws, steps * per,
                notes={"snapshots": swag.num_snapshots, "rank": len(swag.deviations)})
 

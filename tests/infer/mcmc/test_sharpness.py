@@ -4,14 +4,13 @@ sampling a Gaussian with its known sharpness-aware bias, BatchNorm protection, r
 
 import harness
 import pyro
-import pyro.distributions as dist
 import pytest
 import torch
-from pyro.nn import PyroModule
 from torch import nn
 
+from pyro_flat.bnn import BNN
 from pyro_flat.infer.mcmc.sharpness import GEOMETRY_ETA, SASGLD, find_batchnorm
-from pyro_flat.nn import make_bayesian
+from pyro_flat.likelihoods import HomoskedasticGaussian
 
 
 def stats_of(mcmc):
@@ -103,22 +102,10 @@ def test_gaussian_with_its_sharpness_aware_bias():
     assert abs(float(sharp.mean()) / (rho * rho / c) - 1) < 0.1
 
 
-class BNRegression(PyroModule):
+def BNRegression(batch_size):  # noqa: N802 (reads as the model class it builds)
     """A small Bayesian net with a BatchNorm layer in training mode, minibatched."""
-
-    def __init__(self, batch_size):
-        super().__init__()
-        net = nn.Sequential(nn.Linear(2, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 1))
-        self.net = make_bayesian(net, prior_scale=1.0)
-        self.batch_size = batch_size
-
-    def forward(self, x, y):
-        plate = pyro.plate("data", x.shape[0], subsample_size=self.batch_size)
-        with plate as ind:
-            pass
-        mean = self.net(x[ind]).squeeze(-1)
-        with plate:
-            pyro.sample("obs", dist.Normal(mean, 1.0), obs=y[ind])
+    net = nn.Sequential(nn.Linear(2, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 1))
+    return BNN(net, HomoskedasticGaussian(scale=1.0), subsample_size=batch_size)
 
 
 def bn_buffers(model):
