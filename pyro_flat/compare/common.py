@@ -14,12 +14,15 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from pyro_flat.compare.config import Plan, Settings
 from pyro_flat.compare.models import build_network
+
+if TYPE_CHECKING:
+    from pyro_flat.bnn import BNN
 
 
 class _NoBar:
@@ -84,7 +87,7 @@ class Context:
         return make_bayesian(self.network() if net is None else net,
                              prior_scale=s.prior_scale, scale_rule=s.scale_rule)
 
-    def bnn(self, net: torch.nn.Module | None = None) -> Any:
+    def bnn(self, net: torch.nn.Module | None = None) -> BNN:
         """The Pyro model of every method: ``BNN(net, Categorical(), subsample_size=B)``.
 
         ``net`` (default a fresh network) is made Bayesian with the shared prior; inside the
