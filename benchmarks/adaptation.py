@@ -31,6 +31,7 @@ come from::
     python benchmarks/adaptation.py --problems hetero --methods SGLD --thin 200 \
         --stability-fraction 0.1
     python benchmarks/adaptation.py --problems diabetes --methods SGHMC --thin 250
+    python benchmarks/adaptation.py --problems diabetes --methods SGLD --thin 1000
 
 (``--cache DIR`` keeps each run's draws as netCDF and reuses them). NUTS takes about 12 minutes
 per problem on one core, an SG run of 2 x 1,000 draws at 50 steps per draw two to three
