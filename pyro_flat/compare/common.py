@@ -161,7 +161,13 @@ def stack_draws(draws: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]
 SITE_PREFIX = "net."
 
 
+def as_site_names(draws: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Draws keyed by a plain network's parameter names, keyed by the sites of
+    ``Context.bayesian_copy(net)`` instead (``0.weight`` becomes ``net.0.weight``)."""
+    return {SITE_PREFIX + name: value for name, value in draws.items()}
+
+
 def point_draws(net: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The parameters of a plain network as one draw, named as the sites of
     ``Context.bayesian_copy(net)``."""
-    return {SITE_PREFIX + name: p.detach().clone()[None] for name, p in net.named_parameters()}
+    return as_site_names({name: p.detach().clone()[None] for name, p in net.named_parameters()})

@@ -10,7 +10,7 @@ covariance scale ``swag_scale`` (0.5, the authors' choice). F-SWAG takes SAM ste
 
 from __future__ import annotations
 
-from pyro_flat.compare.common import SITE_PREFIX, Context, Fit, Method
+from pyro_flat.compare.common import Context, Fit, Method, as_site_names
 from pyro_flat.compare.sgd import train_map
 
 
@@ -39,8 +39,7 @@ def run_swag(method: str, ctx: Context) -> Fit:
     finally:
         bar.close()
     generator = torch.Generator().manual_seed(ctx.seed)
-    draws = {SITE_PREFIX + name: value for name, value in
-             swag.draws(p.num_draws, s.swag_scale, generator=generator).items()}
+    draws = as_site_names(swag.draws(p.num_draws, s.swag_scale, generator=generator))
     return Fit(ctx.bayesian_copy(net), draws, steps * per,
                notes={"snapshots": swag.num_snapshots, "rank": len(swag.deviations)})
 
