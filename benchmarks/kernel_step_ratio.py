@@ -55,7 +55,7 @@ KERNELS = {
     "SGHMC": lambda m: SGHMC(m, step_size=STEP, friction=0.1 / STEP,
                              num_steps_per_sample=so.STEPS_PER_DRAW),
     "EntropyMCMC (underdamped)": lambda m: EntropyMCMC(
-        m, step_size=STEP, eta=STEP / 0.025, friction=0.1 / STEP,
+        m, step_size=STEP, eta=STEP / 0.025, dynamics="underdamped", friction=0.1 / STEP,
         num_steps_per_sample=so.STEPS_PER_DRAW),
     "SASGLD": lambda m: SASGLD(m, step_size=STEP, rho=0.05,
                                num_steps_per_sample=so.STEPS_PER_DRAW),

@@ -1,6 +1,6 @@
 """L2E against SGLD and cyclical SGLD on held-out tasks at an equal number of gradients; step time.
 
-Held-out tasks (never seen in meta-training, see :mod:`pyro_flat.infer.l2e_tasks`):
+Held-out tasks (never seen in meta-training, see :mod:`pyro_flat.l2e_training.tasks`):
 
 * ``mnist1d / MLP 96x3``: a held-out *architecture* (meta-training used depth <= 2, width <= 64)
   on MNIST-1D (4000 training signals, the 1000 test signals);
@@ -106,7 +106,8 @@ def make_kernel(method: str, model, n: int, steps: int):
                             exploration_fraction=0.8, draws_per_cycle=KEPT // CYCLES), 0
     if method == "L2E (ours)":
         return L2E(model, num_steps_per_sample=thin), KEPT
-    return L2E(model, str(OFFICIAL), num_steps_per_sample=thin, **L2E.authors_settings(n)), KEPT
+    return L2E(model, meta_params=str(OFFICIAL), num_steps_per_sample=thin,
+               **L2E.authors_settings(n)), KEPT
 
 
 def run(method: str, task: str, seed: int, scale: float) -> dict:

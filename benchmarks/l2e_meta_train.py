@@ -1,7 +1,7 @@
 """Reproduce the shipped L2E meta-parameters from scratch (``pyro_flat/data/l2e_meta_params.npz``).
 
-Antithetic-ES meta-training (:mod:`pyro_flat.infer.l2e_meta`) from the planted initialisation, on
-the task distribution of :mod:`pyro_flat.infer.l2e_tasks`, one CPU thread. Every
+Antithetic-ES meta-training (:mod:`pyro_flat.l2e_training.meta`) from the planted initialisation,
+on the task distribution of :mod:`pyro_flat.l2e_training.tasks`, one CPU thread. Every
 ``--eval-every`` outer steps the meta-loss is measured on a fixed validation set of tasks (drawn
 from the same distribution with another seed); the parameters with the lowest validation
 meta-loss are written, if they beat the initial ones. The run checkpoints every 10 outer steps
@@ -22,9 +22,8 @@ from pathlib import Path
 
 import torch
 
-from pyro_flat.infer.l2e_meta import MetaTrainConfig, MetaTrainer, meta_loss
-from pyro_flat.infer.l2e_tasks import sample_task
 from pyro_flat.infer.mcmc.l2e_net import SHIPPED_FILE
+from pyro_flat.l2e_training import MetaTrainConfig, MetaTrainer, meta_loss, sample_task
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

@@ -16,10 +16,10 @@ import numpy as np
 import pyro.poutine as poutine
 import pyro.util
 import torch
-from pyro.poutine.messenger import Messenger
 from pyro.poutine.subsample_messenger import _Subsample
 
 from pyro_flat import validation
+from pyro_flat.subsample import InjectIndices
 
 if TYPE_CHECKING:
     from pyro.infer import MCMC
@@ -274,19 +274,6 @@ def _draws_as_one_chain(draws: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     return out
 
 
-class _InjectSubsample(Messenger):
-    """Give every subsampled plate of full size ``size`` the indices ``batch``."""
-
-    def __init__(self, size: int, batch: torch.Tensor):
-        super().__init__()
-        self.size, self.batch = size, batch
-
-    def _pyro_sample(self, msg: dict) -> None:
-        if (type(msg["fn"]) is _Subsample and msg["fn"].size == self.size
-                and msg["value"] is None):
-            msg["value"] = self.batch
-
-
 def _chunks(model: Any, args: tuple, kwargs: dict, draw: dict) -> list[tuple]:
     """How to cover all the data: ``[(injector or None, plate name, keep from)]``.
 
@@ -306,11 +293,11 @@ def _chunks(model: Any, args: tuple, kwargs: dict, draw: dict) -> list[tuple]:
         raise ValueError(f"log_likelihood: the model subsamples plates of different sizes "
                          f"{sorted(plates)}; only one data plate is supported")
     name, size, b = next(iter(plates))
-    out = [(_InjectSubsample(size, torch.arange(i, i + b)), name, 0)
+    out = [(InjectIndices(size, torch.arange(i, i + b)), name, 0)
            for i in range(0, size - b + 1, b)]
     rest = size % b
     if rest:
-        out.append((_InjectSubsample(size, torch.arange(size - b, size)), name, b - rest))
+        out.append((InjectIndices(size, torch.arange(size - b, size)), name, b - rest))
     return out
 
 

@@ -7,12 +7,14 @@ loss after one normalised ascent step of length :math:`\rho`,
     \qquad g = \nabla L(\theta),
 
 with :math:`L` the mean negative log-likelihood over the data and the norm taken over all
-parameters together; the paper reports its mean over posterior draws. Besides it: the largest
-Hessian eigenvalue (:func:`hessian_top_eigenvalue`, power iteration on Hessian-vector products)
-and one-dimensional slices of the loss landscape, along a (filter-normalised) random direction
-(:func:`loss_along_direction`) or along the segment between two parameter sets, e.g.
-:math:`\theta` and :math:`\theta_a` of Entropy-MCMC (:func:`loss_along_segment`). The last
-three take a loss function of a ``{site: tensor}`` dict, such as :func:`mean_loss` of a network.
+parameters together (:func:`pyro_flat.ascent.ascent_perturbation`: a zero or non-finite gradient
+gives no step, so :math:`S_\rho = 0`); the paper reports its mean over posterior draws. Besides
+it: the largest Hessian eigenvalue (:func:`hessian_top_eigenvalue`, power iteration on
+Hessian-vector products) and one-dimensional slices of the loss landscape, along a
+(filter-normalised) random direction (:func:`loss_along_direction`) or along the segment between
+two parameter sets, e.g. :math:`\theta` and :math:`\theta_a` of Entropy-MCMC
+(:func:`loss_along_segment`). The last three take a loss function of a ``{site: tensor}`` dict,
+such as :func:`mean_loss` of a network.
 Every function here works on copies of the draws and never changes the network or the draws it
 is given.
 """
@@ -26,6 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from pyro_flat import validation
+from pyro_flat.ascent import ascent_perturbation
+from pyro_flat.sites import latent_sites
 
 
 def _mean_nll(net: Callable, params: Mapping[str, torch.Tensor], x, y, task: str) -> torch.Tensor:
@@ -91,12 +95,12 @@ def sharpness(
         with torch.enable_grad():
             loss = _mean_nll(net, params, x, y, task)
             grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
-        grads = [torch.zeros_like(p) if g is None else g for g, p in
-                 zip(grads, params.values(), strict=True)]
-        norm = torch.sqrt(sum(g.square().sum() for g in grads))
+        step = ascent_perturbation(grads, rho)
+        if step is None:  # a zero or non-finite gradient: no step
+            step = [None] * len(grads)
         with torch.no_grad():
-            scale = rho / torch.clamp(norm, min=1e-12)
-            moved = {s: p + scale * g for (s, p), g in zip(params.items(), grads, strict=True)}
+            moved = {s: p if e is None else p + e
+                     for (s, p), e in zip(params.items(), step, strict=True)}
             out.append(_mean_nll(net, moved, x, y, task) - loss.detach())
     return torch.stack(out)
 
@@ -104,7 +108,7 @@ def sharpness(
 def _sampled_sites(net: Callable, x: torch.Tensor) -> list[str]:
     with torch.no_grad():
         trace = poutine.trace(net).get_trace(x)
-    return [n for n, s in trace.nodes.items() if s["type"] == "sample" and not s["is_observed"]]
+    return list(latent_sites(trace))
 
 
 Params = Mapping[str, torch.Tensor]

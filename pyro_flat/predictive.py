@@ -20,6 +20,7 @@ import pyro.util
 import torch
 
 from pyro_flat import validation
+from pyro_flat.sites import latent_sites
 
 __all__ = ["bma_probs", "guide_draws"]
 
@@ -42,12 +43,7 @@ def _latent_sites(net: torch.nn.Module, x: torch.Tensor) -> dict[str, torch.Size
         ) from e
     finally:
         pyro.util.set_rng_state(rng)
-    return {
-        name: site["value"].shape
-        for name, site in trace.nodes.items()
-        if site["type"] == "sample" and not site["is_observed"]
-        and type(site["fn"]).__name__ != "_Subsample"
-    }
+    return {name: site["value"].shape for name, site in latent_sites(trace).items()}
 
 
 def _check_samples(

@@ -11,9 +11,10 @@ from pyro_flat.infer.mcmc import (
     SGMCMCKernel,
     reweight,
 )
+from pyro_flat.infer.mcmc.entropy import select_draws
 from pyro_flat.infer.svi import HWA, SWAG, LocalReparameterization, SharpnessAwareELBO
 
 __all__ = ["SGMCMCKernel", "SGLD", "SGHMC", "CyclicalSGLD", "EntropyMCMC", "ContourSGLD",
-           "reweight", "SASGLD", "L2E",
+           "reweight", "select_draws", "SASGLD", "L2E",
            "HWA", "SWAG",
            "SharpnessAwareELBO", "LocalReparameterization"]

@@ -8,10 +8,12 @@ One step on a minibatch loss :math:`L` (two forward/backward passes on the same 
     \theta \leftarrow \mathrm{base}\big(\theta,\ \nabla L(\theta + e)\big),
 
 with :math:`D = I` (SAM) or :math:`D = \mathrm{diag}(|\theta| + \eta)^2` (``adaptive=True``,
-ASAM, Kwon et al. 2021), the norm over all parameters of all groups together, and ``base`` any
-torch optimiser (SGD with momentum, Adam, ...) applied from :math:`\theta` with the gradient
-taken at :math:`\theta + e`. Deep ensembles, MC-dropout networks and SWAG collection trained
-with it are the F- variants of Nguyen et al. (2023).
+ASAM, Kwon et al. 2021, :math:`\eta` = ``geometry_offset``), the norm over all parameters of all
+groups together (:func:`pyro_flat.ascent.ascent_perturbation`), and ``base`` any torch optimiser
+(SGD with momentum, Adam, ...) applied from :math:`\theta` with the gradient taken at
+:math:`\theta + e`. A zero or non-finite gradient gives :math:`e = 0`. Deep ensembles,
+MC-dropout networks and SWAG collection trained with it are the F- variants of Nguyen et al.
+(2023).
 
 Pyro's :class:`~pyro.infer.SVI` calls its optimiser once, after one ``loss_and_grads``, so a
 two-pass step cannot be a ``pyro.optim`` optimiser. In Pyro the sharpness-aware step is in the
@@ -22,6 +24,7 @@ class is for plain torch training loops: ensembles of torch modules, MC dropout,
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -29,6 +32,7 @@ import torch
 from torch import nn
 
 from pyro_flat import validation
+from pyro_flat.ascent import ASAM_OFFSET, asam_metric, ascent_perturbation
 
 
 class SAM(torch.optim.Optimizer):
@@ -44,8 +48,13 @@ class SAM(torch.optim.Optimizer):
         Radius :math:`\\rho \\ge 0` of the ascent step; ``0`` is the base optimiser exactly.
     adaptive : bool
         ASAM's parameter-scaled ball.
-    eta : float
-        ASAM's offset :math:`\\eta > 0`, so that parameters at zero still move.
+    geometry_offset : float
+        ASAM's offset :math:`\\eta > 0` in :math:`D = (|\\theta| + \\eta)^2`, so that
+        parameters at zero still move (default :data:`pyro_flat.ascent.ASAM_OFFSET`, 0.01).
+        Parameter groups may set their own ``"geometry_offset"``.
+    eta : float, optional
+        Deprecated alias of ``geometry_offset`` (it emits a ``FutureWarning`` and, if given,
+        takes precedence); it is not EntropyMCMC's coupling ``eta``.
     batchnorm_modules : iterable of torch.nn.Module
         BatchNorm layers whose running statistics must not move in the perturbed pass (their
         momentum is set to 0 during it); e.g. ``find_batchnorm(net)`` from
@@ -79,13 +88,23 @@ class SAM(torch.optim.Optimizer):
         *,
         rho: float = 0.05,
         adaptive: bool = False,
-        eta: float = 0.01,
+        geometry_offset: float = ASAM_OFFSET,
+        eta: float | None = None,
         batchnorm_modules: Iterable[nn.Module] = (),
         **base_kwargs: Any,
     ):
         rho = validation.nonnegative("rho", rho)
-        eta = validation.positive("eta", eta)
-        super().__init__(params, dict(rho=rho, adaptive=bool(adaptive), eta=eta))
+        offset_name = "geometry_offset"
+        if eta is not None:
+            _warn_eta("SAM(eta=...)")
+            geometry_offset, offset_name = eta, "eta"
+        geometry_offset = validation.positive(offset_name, geometry_offset)
+        super().__init__(params, dict(rho=rho, adaptive=bool(adaptive),
+                                      geometry_offset=geometry_offset))
+        for group in self.param_groups:
+            if "eta" in group:  # a group written for the old name
+                _warn_eta('a parameter group\'s "eta"')
+                group["geometry_offset"] = group.pop("eta")
         self.base_optimizer = base_optimizer(self.param_groups, **base_kwargs)
         self.param_groups = self.base_optimizer.param_groups
         self.defaults.update(self.base_optimizer.defaults)
@@ -94,25 +113,26 @@ class SAM(torch.optim.Optimizer):
     @torch.no_grad()
     def first_step(self) -> None:
         """Move to :math:`\\theta + e` (gradients at :math:`\\theta` must be in ``.grad``)."""
-        scaled = []  # D^(1/2) g per parameter
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                t = (p.abs() + group["eta"]) if group["adaptive"] else None
-                scaled.append(p.grad * t if t is not None else p.grad)
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(s)
-                                                     for s in scaled])) if scaled else None
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None or norm is None or float(norm) == 0.0:
-                    self.state[p]["e"] = None
-                    continue
-                e = p.grad * group["rho"] / norm
-                if group["adaptive"]:
-                    e = e * (p.abs() + group["eta"]) ** 2
+        params = [p for group in self.param_groups for p in group["params"]]
+        grads = [p.grad for p in params]
+        metric = None
+        if any(group["adaptive"] for group in self.param_groups):
+            metric = [asam_metric([p], _offset(group))[0]
+                      if group["adaptive"] and p.grad is not None else None
+                      for group in self.param_groups for p in group["params"]]
+        radii = [group["rho"] for group in self.param_groups for _ in group["params"]]
+        if len(set(radii)) <= 1:
+            steps = ascent_perturbation(grads, radii[0] if radii else 0.0, metric=metric)
+        else:  # groups with their own radius share the norm: scale the unit step per group
+            steps = ascent_perturbation(grads, 1.0, metric=metric)
+            if steps is not None:
+                steps = [None if e is None else e.mul_(r) for e, r in
+                         zip(steps, radii, strict=True)]
+        for i, p in enumerate(params):
+            e = None if steps is None else steps[i]
+            if e is not None:
                 p.add_(e)
-                self.state[p]["e"] = e
+            self.state[p]["e"] = e
 
     @torch.no_grad()
     def second_step(self) -> None:
@@ -146,3 +166,13 @@ class SAM(torch.optim.Optimizer):
                 m.momentum = momentum
         self.second_step()
         return loss
+
+
+def _offset(group: dict[str, Any]) -> float:
+    """The group's ASAM offset (``"eta"`` in state dicts saved before the rename)."""
+    return group["geometry_offset"] if "geometry_offset" in group else group["eta"]
+
+
+def _warn_eta(where: str) -> None:
+    warnings.warn(f"{where}: SAM's eta is deprecated and will be removed; use geometry_offset "
+                  "(ASAM's offset, not EntropyMCMC's eta)", FutureWarning, stacklevel=3)

@@ -1,5 +1,8 @@
 """SAM: the closed-form step on a quadratic, rho = 0 is the base optimiser, ASAM's ball,
-BatchNorm statistics frozen in the perturbed pass, F-SWAG collection, bad input."""
+BatchNorm statistics frozen in the perturbed pass, F-SWAG collection, bad input, the deprecated
+``eta`` alias of ``geometry_offset``, zero gradients and per-group radii."""
+
+import warnings
 
 import pytest
 import torch
@@ -104,3 +107,68 @@ def test_bad_input(kwargs, match):
     opt = SAM([torch.zeros(2, requires_grad=True)], lr=0.1)
     with pytest.raises(ValueError, match="closure"):
         opt.step()
+
+
+def quadratic_sam_step(w0, **kwargs):
+    """One SAM step from w0 on the quadratic; the parameters after it."""
+    a, c = quadratic()
+    w = w0.clone().requires_grad_()
+    opt = SAM([w], torch.optim.SGD, rho=0.3, adaptive=True, lr=0.05, **kwargs)
+
+    def closure():
+        opt.zero_grad()
+        loss = (w - c) @ a @ (w - c) / 2
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return opt, w.detach()
+
+
+def test_eta_is_a_deprecated_alias_of_geometry_offset():
+    w0 = torch.randn(4, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new name warns about nothing
+        new, w_new = quadratic_sam_step(w0, geometry_offset=0.2)
+    with pytest.warns(FutureWarning, match="geometry_offset"):
+        old, w_old = quadratic_sam_step(w0, eta=0.2)
+    assert old.param_groups[0]["geometry_offset"] == new.param_groups[0]["geometry_offset"] == 0.2
+    assert "eta" not in old.param_groups[0]
+    assert torch.equal(w_old, w_new)
+    _, w_default = quadratic_sam_step(w0)
+    assert not torch.equal(w_default, w_new)  # the offset is used (default 0.01)
+    with pytest.warns(FutureWarning, match="geometry_offset"), pytest.raises(ValueError,
+                                                                              match="eta"):
+        SAM([torch.zeros(2, requires_grad=True)], lr=0.1, eta=-1.0)
+
+
+def test_a_parameter_group_with_eta_still_works():
+    w = torch.zeros(2, requires_grad=True)
+    with pytest.warns(FutureWarning, match="geometry_offset"):
+        opt = SAM([{"params": [w], "eta": 0.5}], lr=0.1, adaptive=True)
+    assert opt.param_groups[0]["geometry_offset"] == 0.5 and "eta" not in opt.param_groups[0]
+
+
+def test_zero_gradient_is_the_base_step():
+    w = torch.ones(3, requires_grad=True)
+    opt = SAM([w], torch.optim.SGD, rho=0.5, lr=0.1)
+
+    def closure():
+        opt.zero_grad()
+        loss = (w * 0.0).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    assert opt.state[w]["e"] is None and torch.equal(w.detach(), torch.ones(3))
+
+
+def test_groups_share_the_norm_and_keep_their_radius():
+    """e_i = rho_i g_i / ||g|| with the norm over both groups, each group with its own rho."""
+    u, v = torch.tensor([3.0], requires_grad=True), torch.tensor([4.0], requires_grad=True)
+    opt = SAM([{"params": [u], "rho": 0.5}, {"params": [v], "rho": 1.0}], lr=0.0)
+    opt.zero_grad()
+    (0.5 * (u.square() + v.square())).sum().backward()  # g = (3, 4), ||g|| = 5
+    opt.first_step()
+    assert torch.allclose(opt.state[u]["e"], torch.tensor([0.5 * 3 / 5]))
+    assert torch.allclose(opt.state[v]["e"], torch.tensor([1.0 * 4 / 5]))

@@ -1,10 +1,12 @@
 """The base of every pyro_flat SG-MCMC kernel: one ``pyro.infer.MCMC`` kernel, many update rules.
 
-A subclass states its update rule in :meth:`SGMCMCKernel.update` (and, if it carries more state
-than the parameters, :meth:`init_kernel_state` / :meth:`kernel_state` /
-:meth:`load_kernel_state`); everything else lives here: tracing the model, transforms to the
-unconstrained space, initialisation, minibatches, the potential and its gradient, step-size
-schedules, thinning, warmup counting, per-draw statistics, divergence handling and checkpoints.
+A subclass states its update rule in :meth:`SGMCMCKernel.update`, the state it carries beside
+the position as ``state_fields`` (:mod:`~pyro_flat.infer.mcmc.state`) and, if it is not the
+plain minibatch gradient, its gradient estimator (:mod:`~pyro_flat.infer.mcmc.estimators`);
+everything else lives here: tracing the model, transforms to the unconstrained space,
+initialisation, minibatches, the potential and its gradient, step-size schedules and warmup
+adaptation, thinning, per-draw statistics (:mod:`~pyro_flat.infer.mcmc.recorder`), divergence
+handling and checkpoints, all derived from the named state.
 """
 
 from __future__ import annotations
@@ -25,11 +27,17 @@ from pyro_flat import validation
 from pyro_flat.batchnorm_state import find_batchnorm, kept_running_stats
 from pyro_flat.infer.mcmc import adaptation
 from pyro_flat.infer.mcmc.adaptation import DiagonalMetric
+from pyro_flat.infer.mcmc.estimators import Estimate, MinibatchGradient
 from pyro_flat.infer.mcmc.layout import FlatLayout, Site
 from pyro_flat.infer.mcmc.minibatch import MinibatchStream
 from pyro_flat.infer.mcmc.potential import ModelPotential, trace_model
+from pyro_flat.infer.mcmc.recorder import DrawRecorder
+from pyro_flat.infer.mcmc.state import KernelState, StateField
 
-_STATE_VERSION = 1
+#: Checkpoint format: 2 names the kernel state's fields (``state_fields``); 1, the format
+#: before named state, has the same keys for every kernel and still loads.
+_STATE_VERSION = 2
+_LOADABLE_VERSIONS = (1, 2)
 #: A draw whose gradient norm exceeds this multiple of the run's median raises a warning.
 BLOW_UP_FACTOR = 100.0
 _LOG = logging.getLogger("pyro_flat.adaptation")
@@ -118,6 +126,8 @@ class SGMCMCKernel(MCMCKernel):
     supports_adaptation: bool = True
     #: Whether the update takes a diagonal metric (``preconditioner="diag"``) and stays exact.
     supports_preconditioner: bool = True
+    #: The state this kernel carries beside the position (none: SGLD's chain is its position).
+    state_fields: tuple[StateField, ...] = ()
 
     def __init__(
         self,
@@ -197,27 +207,17 @@ class SGMCMCKernel(MCMCKernel):
         self._initial_params: dict[str, torch.Tensor] | None = None
         self._resume_state: dict[str, Any] | None = None
         self.transforms = {} if model is None else None
-        self._z: torch.Tensor | None = None
+        #: The gradient estimator the update moves with (:mod:`.estimators`).
+        self.estimator = MinibatchGradient()
+        self.state: KernelState | None = None
         self._t = 0
 
     # ------------------------------------------------------------------ subclass interface
 
-    def init_kernel_state(self, z: torch.Tensor) -> None:
-        """Allocate the kernel's own state (momentum, ...) for the flat parameters ``z``."""
-
-    def kernel_state(self) -> dict[str, Any]:
-        """The kernel's own state, for :meth:`state_dict`."""
-        return {}
-
-    def load_kernel_state(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`kernel_state` returned."""
-
-    def update(self, z: torch.Tensor, grad: torch.Tensor, step_size: float) -> None:
-        """Move the flat parameters ``z`` in place, given ``grad = grad U(z)``."""
+    def update(self, state: KernelState, estimate: Estimate, step_size: float) -> None:
+        """Move ``state.position`` (and the kernel's fields) in place, given the estimator's
+        ``estimate`` (its ``step_grad`` is the gradient to move with)."""
         raise NotImplementedError
-
-    def reset_kernel_state(self) -> None:
-        """Called when the chain falls back to its last draw after a non-finite step."""
 
     def check_step_size(self, step_size: float) -> None:
         """Raise ``ValueError`` if the update is unstable at ``step_size``.
@@ -227,18 +227,6 @@ class SGMCMCKernel(MCMCKernel):
         constant ``step_size`` when the kernel is built and for every value a
         ``step_size_schedule`` returns, at the step that uses it.
         """
-
-    def auxiliary_state(self) -> torch.Tensor | None:
-        """A flat tensor returned with every draw as extra sites (see :meth:`auxiliary_name`).
-
-        Kernels that carry a second copy of the parameters (e.g. EntropyMCMC's guiding
-        variable) return it here; it has the layout of the model's parameters.
-        """
-        return None
-
-    def auxiliary_name(self, site: str) -> str:
-        """The name under which the auxiliary copy of ``site`` appears in the draws."""
-        raise NotImplementedError
 
     def stability_limit(self, curvature: float) -> float:
         r"""The largest stable step of :meth:`update` on a quadratic potential of the given
@@ -251,9 +239,19 @@ class SGMCMCKernel(MCMCKernel):
         """How many SG steps the next call of :meth:`sample` runs."""
         return self.num_steps_per_sample
 
-    def gradient(self, batch: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(U, grad U)`` at the current parameters on ``batch``; ``grad`` is flat."""
-        return self.potential_and_grad(batch)
+    def draw_statistics(self) -> dict[str, Any]:
+        """This kernel's own statistics known when a draw is made (e.g. ``coupling_distance``)."""
+        return {}
+
+    def statistics_at_draw(self, energy: float) -> dict[str, Any]:
+        r"""This kernel's own statistics of a draw that need the potential at it (``energy``,
+        the minibatch :math:`\hat U` there), e.g. ContourSGLD's ``log_weight``."""
+        return {}
+
+    #: Defaults of this kernel's statistics until they are known (others: NaN).
+    stat_defaults: dict[str, Any] = {}
+    #: Statistics whose values are not floats.
+    stat_dtypes: dict[str, torch.dtype] = {"diverging": torch.bool}
 
     # ------------------------------------------------------------------ MCMCKernel interface
 
@@ -307,15 +305,15 @@ class SGMCMCKernel(MCMCKernel):
         # kernels.
         self.aux_generator = torch.Generator(device=_device_of(args, kwargs))
         self.aux_generator.manual_seed(int(torch.randint(2**62, ())))
-        state, self._resume_state = self._resume_state, None
+        saved, self._resume_state = self._resume_state, None
         self._reset_adaptation()
-        if state is not None:
-            z = self._restore(state)
+        if saved is not None:
+            z = self._restore(saved)
         else:
             init = self._user_initial_params or self._kernel_initial_params or init
             z = layout.flatten(init).to(next(iter(init.values())).dtype)
             self._t = 0
-            self.init_kernel_state(z)
+            self.state = KernelState.create(z, self.state_fields)
         self._plan_adaptation(warmup_steps, z)
         self._user_initial_params = None
         self._z = z
@@ -325,18 +323,24 @@ class SGMCMCKernel(MCMCKernel):
             z[s.offset : s.stop].view(s.shape).detach().requires_grad_() for s in layout.sites
         ]
         self._params = {s.name: leaf for s, leaf in zip(layout.sites, self._leaves, strict=True)}
-        self._stats: dict[str, list] = {name: [] for name in self.stat_names}
-        self._pending: int | None = None
-        self._rng_at_end = None
+        names = tuple(dict.fromkeys(self.stat_names + self.estimator.stat_names))
+        self.recorder = DrawRecorder(names, self.stat_dtypes)
         self._nonfinite = 0
         self._recent_nonfinite: deque[bool] = deque(maxlen=2 * self.max_nonfinite_steps)
         self._num_recent_nonfinite = 0
         self._num_diverging = 0
         self._last = (math.nan, math.nan, math.nan)
+        self._step_stats: dict[str, float] = {}
+        self._rng_at_end: tuple[int, Any] | None = None
         self._draw_layout = self._make_draw_layout()
         self._last_flat = self._draw_state()
         self._initial_params = self._draw_layout.views(self._last_flat)
         self._last_draw = self._initial_params
+
+    @property
+    def position(self) -> torch.Tensor:
+        """The chain's current parameters: one flat, unconstrained tensor (see :attr:`layout`)."""
+        return self._z
 
     # ------------------------------------------------------------------ warmup adaptation
 
@@ -443,35 +447,39 @@ class SGMCMCKernel(MCMCKernel):
                   curvature, limit, step, " (diagonal metric)" if self.metric else "")
 
     def _make_draw_layout(self) -> FlatLayout:
-        if self.auxiliary_state() is None:
+        """The sites of a draw: the model's, then a copy for each field returned with draws."""
+        fields = self.state.draw_fields()
+        if not fields:
             return self._layout
         sites = list(self._layout.sites)
         offset = self._layout.size
-        for s in self._layout.sites:
-            sites.append(Site(self.auxiliary_name(s.name), s.shape, offset, s.transform))
-            offset += s.numel
+        for f in fields:
+            for s in self._layout.sites:
+                sites.append(Site(s.name + f.draws_suffix, s.shape, offset, s.transform))
+                offset += s.numel
         if self.model is not None:
             self.transforms = {s.name: s.transform.inv for s in sites if s.transform}
         return FlatLayout(sites)
 
     def _draw_state(self) -> torch.Tensor:
         """One flat copy of everything a draw returns."""
-        aux = self.auxiliary_state()
-        if aux is None:
+        fields = self.state.draw_fields()
+        if not fields:
             return self._z.detach().clone()
-        return torch.cat([self._z.detach(), aux.detach()])
+        return torch.cat([self._z.detach()] + [getattr(self.state, f.name).detach()
+                                               for f in fields])
 
     def _load_draw(self, params: dict[str, torch.Tensor]) -> None:
         self._z.copy_(self._layout.flatten(params))
-        aux = self.auxiliary_state()
-        if aux is not None:
-            names = [self.auxiliary_name(s.name) for s in self._layout.sites]
+        for f in self.state.draw_fields():
+            copy = getattr(self.state, f.name)
+            names = [s.name + f.draws_suffix for s in self._layout.sites]
             if all(n in params for n in names):
-                aux.copy_(self._layout.flatten(
+                copy.copy_(self._layout.flatten(
                     {s.name: params[n] for s, n in zip(self._layout.sites, names, strict=True)}
                 ))
             else:  # e.g. user-given initial values of the model's sites only
-                aux.copy_(self._z)
+                copy.copy_(self._z)
 
     def sample(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if params is not self._last_draw:
@@ -499,26 +507,11 @@ class SGMCMCKernel(MCMCKernel):
         )
 
     def diagnostics(self) -> dict[str, Any]:
-        if self._pending is not None:
-            self._evaluate_pending_draw()
-        # The run ends here: remember the random state, so that a state_dict() taken later
-        # (after other random work, e.g. building the next model) still continues this chain.
-        self._rng_at_end = (self._t, pyro.util.get_rng_state())
-        stats = {}
-        for name, values in self._stats.items():
-            dtype = torch.bool if name == "diverging" else torch.get_default_dtype()
-            stats[name] = torch.tensor(values, dtype=dtype)
-        divergences = [i for i, d in enumerate(self._stats["diverging"]) if d]
-        if divergences:
-            warnings.warn(
-                f"{type(self).__name__}: {len(divergences)} of {len(stats['diverging'])} draws "
-                "are marked diverging (a non-finite potential or gradient on the way to the "
-                "draw; that step was skipped). See sample_stats['diverging'] and try a smaller "
-                "step_size",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        self._warn_if_blown_up(stats["grad_norm"])
+        """The run's per-draw statistics (``"sample_stats"``), the indices of its diverging
+        draws (``"divergences"``), its SG step count, and what warmup adapted."""
+        self._complete_last_draw()
+        stats = self.recorder.tensors()
+        divergences = [i for i, d in enumerate(self.recorder.column("diverging")) if d]
         out = {"divergences": divergences, "sample_stats": stats, "num_sg_steps": self._t}
         if self._adaptation_log:
             out["step_size_adaptation"] = [dict(r) for r in self._adaptation_log]
@@ -527,6 +520,31 @@ class SGMCMCKernel(MCMCKernel):
                 k: v.clone() for k, v in self._layout.views(self.metric.inverse_mass).items()
             }
         return out
+
+    def cleanup(self) -> None:
+        """End of a run (``MCMC`` calls it after :meth:`diagnostics`): remember the random
+        state, so that a :meth:`state_dict` taken later (after other random work, e.g.
+        building the next model) still continues this chain, and warn about diverging draws
+        and blown-up gradients."""
+        super().cleanup()
+        if self.state is None or getattr(self, "_rng_at_end", None) is not None:
+            return  # not run, or this run ended already
+        self._complete_last_draw()
+        self._rng_at_end = (self._t, pyro.util.get_rng_state())
+        stats = self.recorder.tensors()
+        if "diverging" not in stats or not len(stats["diverging"]):
+            return
+        num_diverging = int(stats["diverging"].sum())
+        if num_diverging:
+            warnings.warn(
+                f"{type(self).__name__}: {num_diverging} of {len(stats['diverging'])} draws "
+                "are marked diverging (a non-finite potential or gradient on the way to the "
+                "draw; that step was skipped). See sample_stats['diverging'] and try a smaller "
+                "step_size",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        self._warn_if_blown_up(stats["grad_norm"])
 
     def _warn_if_blown_up(self, grad_norm: torch.Tensor) -> None:
         """A chain can explode and stay finite; say so when a draw's gradient norm jumps far
@@ -600,25 +618,22 @@ class SGMCMCKernel(MCMCKernel):
     def _sg_step(self) -> None:
         eps = self.current_step_size()
         batch = self._stream.next() if self._stream is not None else None
-        u_t, grad = self.gradient(batch)
-        u, gnorm = float(u_t), float(torch.linalg.vector_norm(grad))
+        estimate = self.estimator(self._z, self.potential_and_grad, batch)
+        u, gnorm = float(estimate.energy), float(torch.linalg.vector_norm(estimate.grad))
         finite = math.isfinite(u) and math.isfinite(gnorm)
-        if self._pending is not None:
-            self._stats["lp"][self._pending] = -u
-            self._stats["grad_norm"][self._pending] = gnorm
-            if not finite:
-                self._stats["diverging"][self._pending] = True
-            self._pending = None
+        if self.recorder.pending:
+            self._close_draw(u, gnorm, finite)
         recent = self._recent_nonfinite
         if len(recent) == recent.maxlen:
             self._num_recent_nonfinite -= recent[0]
         recent.append(not finite)
+        self._step_stats = estimate.stats
         if finite:
             self._z_finite.copy_(self._z)
             if self._moment_sum is not None:
-                self._moment_sum.addcmul_(grad, grad)
+                self._moment_sum.addcmul_(estimate.grad, estimate.grad)
                 self._moment_count += 1
-            self.update(self._z, grad, eps)
+            self.update(self.state, estimate, eps)
             self._nonfinite = 0
         else:
             # The state itself may be the problem: fall back to the last state whose potential
@@ -628,25 +643,31 @@ class SGMCMCKernel(MCMCKernel):
             self._nonfinite += 1
             self._num_recent_nonfinite += 1
             if self._num_recent_nonfinite >= self.max_nonfinite_steps:
-                raise RuntimeError(self._divergence_message(u, grad))
+                raise RuntimeError(self._divergence_message(u, estimate.grad))
             self._z.copy_(self._z_finite)
-            self.reset_kernel_state()
+            self.state.reset_()
         self._t += 1
         self._last = (u, gnorm, eps)
 
     def _record_draw(self) -> None:
-        self._stats["lp"].append(math.nan)
-        self._stats["grad_norm"].append(math.nan)
-        self._stats["step_size"].append(self._last[2])
-        self._stats["diverging"].append(self._diverged)
-        self._pending = len(self._stats["lp"]) - 1
-        self.record_stats()
+        known = {"step_size": self._last[2], "diverging": self._diverged}
+        known.update(self._step_stats)
+        known.update(self.draw_statistics())
+        self.recorder.open_draw(known, self.stat_defaults)
 
-    def record_stats(self) -> None:
-        """Append this kernel's extra per-draw statistics (subclasses with extra ``stat_names``)."""
+    def _close_draw(self, u: float, gnorm: float, finite: bool) -> None:
+        """Complete the pending draw with the potential ``u`` and gradient norm at it."""
+        at_draw = {"lp": -u, "grad_norm": gnorm}
+        if not finite:
+            at_draw["diverging"] = True
+        at_draw.update(self.statistics_at_draw(u))
+        self.recorder.close_draw(at_draw)
 
-    def _evaluate_pending_draw(self) -> None:
-        """Fill in ``lp`` and ``grad_norm`` of the last draw; the random stream is restored."""
+    def _complete_last_draw(self) -> None:
+        """Complete the run's last draw, which no SG step follows; the random stream is
+        restored (peeking at the next minibatch may draw an epoch's permutation)."""
+        if not self.recorder.pending:
+            return
         rng = pyro.util.get_rng_state()
         try:
             batch = self._stream.peek() if self._stream is not None else None
@@ -654,11 +675,7 @@ class SGMCMCKernel(MCMCKernel):
             u, gnorm = float(u_t), float(torch.linalg.vector_norm(grad))
         finally:
             pyro.util.set_rng_state(rng)
-        i, self._pending = self._pending, None
-        self._stats["lp"][i] = -u
-        self._stats["grad_norm"][i] = gnorm
-        if not (math.isfinite(u) and math.isfinite(gnorm)):
-            self._stats["diverging"][i] = True
+        self._close_draw(u, gnorm, math.isfinite(u) and math.isfinite(gnorm))
 
     def _divergence_message(self, u: float, grad: torch.Tensor) -> str:
         sites = self._layout.nonfinite_sites(grad)
@@ -687,7 +704,7 @@ class SGMCMCKernel(MCMCKernel):
         between draws from a ``hook_fn``; pass the result to :meth:`load_state_dict` of a
         kernel built with the same arguments before the next run.
         """
-        if self._z is None:
+        if self.state is None:
             raise RuntimeError("state_dict() needs a kernel that has run (or been set up)")
         return {
             "version": _STATE_VERSION,
@@ -695,9 +712,7 @@ class SGMCMCKernel(MCMCKernel):
             "sites": [(s.name, tuple(s.shape)) for s in self._layout.sites],
             "z": self._z.detach().clone(),
             "num_sg_steps": self._t,
-            "kernel_state": {
-                k: v.clone() if torch.is_tensor(v) else v for k, v in self.kernel_state().items()
-            },
+            "kernel_state": self.state.checkpoint(),
             "minibatch": None if self._stream is None else self._stream.state_dict(),
             "rng": self._rng_for_checkpoint(),
             "aux_rng": self.aux_generator_state(),
@@ -725,10 +740,11 @@ class SGMCMCKernel(MCMCKernel):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` at the next :meth:`setup` (i.e. the next ``MCMC.run``)."""
-        if state.get("version") != _STATE_VERSION or state.get("kernel") != type(self).__name__:
+        if (state.get("version") not in _LOADABLE_VERSIONS
+                or state.get("kernel") != type(self).__name__):
             raise ValueError(
                 f"state was saved by {state.get('kernel')!r} (version {state.get('version')}), "
-                f"not by {type(self).__name__} (version {_STATE_VERSION})"
+                f"not by {type(self).__name__} (versions {_LOADABLE_VERSIONS} load)"
             )
         self._resume_state = state
 
@@ -738,8 +754,8 @@ class SGMCMCKernel(MCMCKernel):
             raise ValueError(f"saved sites {state['sites']} differ from the model's {sites}")
         z = state["z"].clone()
         self._t = int(state["num_sg_steps"])
-        self.init_kernel_state(z)
-        self.load_kernel_state(state["kernel_state"])
+        self.state = KernelState.create(z, self.state_fields)
+        self.state.load(state["kernel_state"])
         if self._stream is not None and state["minibatch"] is not None:
             self._stream.load_state_dict(state["minibatch"])
         pyro.util.set_rng_state(state["rng"])
@@ -760,7 +776,7 @@ class SGMCMCKernel(MCMCKernel):
             if k in ("potential", "_leaves", "_params", "_grad", "_last_draw", "_initial_params",
                      "_last_flat", "_z_finite", "aux_generator"):
                 continue
-            keep[k] = v
+            keep[k] = None if k in ("state", "recorder") else v
         return keep
 
 

@@ -12,7 +12,10 @@ import torch
 from pyro_flat import validation
 from pyro_flat.infer.mcmc import adaptation
 from pyro_flat.infer.mcmc.base import SGMCMCKernel
+from pyro_flat.infer.mcmc.estimators import Estimate
 from pyro_flat.infer.mcmc.integrators import langevin_step_
+from pyro_flat.infer.mcmc.sgld import NOISE
+from pyro_flat.infer.mcmc.state import KernelState, StateField
 
 #: Margin added on each side of the warmup energies when ``auto_bins=True``, as a fraction of
 #: their range (the flattened chain climbs above the warmup energies, hence more room on top).
@@ -224,13 +227,14 @@ class ContourSGLD(SGMCMCKernel):
         if self.auto_bins:
             if bin_width is not None or min_energy is not None:
                 raise ValueError("give either auto_bins=True or bin_width and min_energy, not both")
-            self.bin_width = self.min_energy = None
+            self._bins_given = (None, None)
         else:
             if bin_width is None or min_energy is None:
                 raise ValueError("bin_width and min_energy are required unless auto_bins=True")
-            self.bin_width = validation.positive("bin_width", bin_width)
-            self.min_energy = validation.in_range("min_energy", min_energy, -math.inf, math.inf,
-                                                  closed="()")
+            self._bins_given = (
+                validation.in_range("min_energy", min_energy, -math.inf, math.inf, closed="()"),
+                validation.positive("bin_width", bin_width),
+            )
         self.zeta = validation.nonnegative("zeta", zeta)
         self.omega0 = validation.in_range("omega0", omega0, 0.0, 1.0, closed="(]")
         if multiplier_clip is not None:
@@ -260,52 +264,77 @@ class ContourSGLD(SGMCMCKernel):
 
     # ------------------------------------------------------------------ state
 
-    def init_kernel_state(self, z: torch.Tensor) -> None:
+    stat_dtypes = {**SGMCMCKernel.stat_dtypes, "energy_bin": torch.long}
+
+    def _state_fields(self) -> tuple[StateField, ...]:
+        """The chain's state: the learned energy PDF ``g`` (``energy_pdf``), the SA step count,
+        the bins (placed at the end of warmup with ``auto_bins``), the warmup energies that
+        place them, and the count of steps ``bounds`` rejected."""
+        k = self.vectorized_chains
+        fields = [
+            NOISE,
+            StateField("energy_pdf", "g, the learned energy PDF, (m,) or (K, m)",
+                       init=self._initial_energy_pdf),
+            StateField("num_sa_updates", "SA updates of g so far", init=lambda state: 0),
+            StateField("min_energy", "lower edge of bin 0 (None until auto_bins places it)",
+                       init=lambda state: self._bins_given[0]),
+            StateField("bin_width", "the bin width (None until auto_bins places it)",
+                       init=lambda state: self._bins_given[1]),
+            StateField("warmup_energies", "energies of warmup, for auto_bins",
+                       init=lambda state: []),
+            StateField("num_rejected", "SG steps rejected by bounds", init=lambda state: 0),
+        ]
         if self.bounds is not None:
-            outside = ~((z >= self.bounds[0]) & (z <= self.bounds[1]))  # nan: outside
-            if bool(outside.any()):
-                site = next(s for s in self._layout.sites
-                            if bool(outside[s.offset : s.stop].any()))
-                values = z[site.offset : site.stop][outside[site.offset : site.stop]]
-                raise ValueError(
-                    f"the chain starts outside bounds={self.bounds}: site {site.name!r} has "
-                    f"unconstrained values {values.tolist()[:5]} outside; every step from "
-                    "there would be rejected. Start inside the box or widen it"
-                )
-        if self.auto_bins:  # each run places its own bins from its own warmup
-            self.min_energy = self.bin_width = None
-        self._noise = torch.empty_like(z)
-        self._z_before = torch.empty_like(z) if self.bounds is not None else None
-        self.num_rejected = 0
-        m = self.num_bins
-        g = torch.arange(m, 0, -1, dtype=torch.float64)
-        self._g = g / g.sum()
-        if self.vectorized_chains is not None:
-            self._init_vectorized()
-        self._num_sa = 0
-        self._warmup_energies: list[float] = []
-        self._u = math.nan
-        self._stat_pending: int | None = None
+            fields.append(StateField("before", "the position before a step that bounds may "
+                                     "reject", init="scratch"))
+        if k is not None:
+            fields.append(StateField("chain_of", "the chain of each flat coordinate",
+                                     init=self._chain_of_coordinates, persistent=False))
+        return tuple(fields)
 
-    def kernel_state(self) -> dict[str, Any]:
-        return {
-            "energy_pdf": self._g,
-            "num_sa_updates": self._num_sa,
-            "min_energy": self.min_energy,
-            "bin_width": self.bin_width,
-            "warmup_energies": list(self._warmup_energies),
-            "num_rejected": self.num_rejected,
-        }
+    def _initial_energy_pdf(self, state: KernelState) -> torch.Tensor:
+        self._check_start(state.position)
+        g = torch.arange(self.num_bins, 0, -1, dtype=torch.float64)
+        g = g / g.sum()
+        return g if self.vectorized_chains is None else g.repeat(self.vectorized_chains, 1)
 
-    def load_kernel_state(self, state: dict[str, Any]) -> None:
-        self._g.copy_(state["energy_pdf"])
-        self._num_sa = int(state["num_sa_updates"])
-        self.min_energy, self.bin_width = state["min_energy"], state["bin_width"]
-        self._warmup_energies = list(state["warmup_energies"])
-        self.num_rejected = int(state.get("num_rejected", 0))  # older checkpoints: none
+    def _check_start(self, z: torch.Tensor) -> None:
+        if self.bounds is None:
+            return
+        outside = ~((z >= self.bounds[0]) & (z <= self.bounds[1]))  # nan: outside
+        if bool(outside.any()):
+            site = next(s for s in self._layout.sites if bool(outside[s.offset : s.stop].any()))
+            values = z[site.offset : site.stop][outside[site.offset : site.stop]]
+            raise ValueError(
+                f"the chain starts outside bounds={self.bounds}: site {site.name!r} has "
+                f"unconstrained values {values.tolist()[:5]} outside; every step from "
+                "there would be rejected. Start inside the box or widen it"
+            )
+
+    @property
+    def min_energy(self) -> float | None:
+        """The lower edge of bin 0: the chain's (placed at the end of warmup with
+        ``auto_bins``), or the one given before a run."""
+        return self._bins_given[0] if self.state is None else self.state.min_energy
+
+    @property
+    def bin_width(self) -> float | None:
+        """The bin width: the chain's, or the one given before a run."""
+        return self._bins_given[1] if self.state is None else self.state.bin_width
+
+    @property
+    def _g(self) -> torch.Tensor:
+        return self.state.energy_pdf
+
+    @property
+    def num_rejected(self) -> int:
+        """SG steps rejected by ``bounds`` in this chain (with ``vectorized_chains``, one per
+        chain and rejected step); continues across a resume."""
+        return self.state.num_rejected
 
     @property
     def bins_fixed(self) -> bool:
+        """Whether the energy bins are in place (given, or placed after warmup)."""
         return self.bin_width is not None
 
     @property
@@ -317,15 +346,26 @@ class ContourSGLD(SGMCMCKernel):
         return self.min_energy + self.bin_width * i
 
     def _fix_bins(self) -> None:
-        u = [x for x in self._warmup_energies if math.isfinite(x)]
+        state = self.state
+        u = [x for x in state.warmup_energies if math.isfinite(x)]
         if not u:
             raise RuntimeError("auto_bins needs warmup_steps >= 1 with finite energies to place "
                                "the energy bins")
         lo, hi = min(u), max(u)
         r = max(hi - lo, 1e-6 * max(abs(lo), 1.0))
-        self.min_energy = lo - AUTO_MARGIN_BELOW * r
-        self.bin_width = (1 + AUTO_MARGIN_BELOW + AUTO_MARGIN_ABOVE) * r / self.num_bins
-        self._warmup_energies = []
+        state.min_energy = lo - AUTO_MARGIN_BELOW * r
+        state.bin_width = (1 + AUTO_MARGIN_BELOW + AUTO_MARGIN_ABOVE) * r / self.num_bins
+        state.warmup_energies = []
+
+    def _observe_energy(self, u: float | torch.Tensor) -> None:
+        """With ``auto_bins``: keep warmup energies, place the bins at the first step after."""
+        if not self.auto_bins or self.bins_fixed:
+            return
+        if self._draw < self._warmup_steps:
+            self.state.warmup_energies.extend(
+                [u] if self.vectorized_chains is None else u.tolist())
+        else:
+            self._fix_bins()
 
     def bin_of(self, u: float) -> int:
         """The bin ``J(u)`` of an energy (below the first edge: 0, above the last: ``m - 1``)."""
@@ -333,23 +373,6 @@ class ContourSGLD(SGMCMCKernel):
         return min(max(j, 0), self.num_bins - 1)
 
     # ------------------------------------------------------------------ the step
-
-    def gradient(self, batch: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        u_t, grad = self.potential_and_grad(batch)
-        u = float(u_t) if self.vectorized_chains is None else self.potential.energies
-        self._u = u
-        if self.auto_bins and not self.bins_fixed:
-            if self._draw < self._warmup_steps:
-                if self.vectorized_chains is None:
-                    self._warmup_energies.append(u)
-                else:
-                    self._warmup_energies.extend(u.tolist())
-            else:
-                self._fix_bins()
-        if self._stat_pending is not None:
-            self._fill_stats(self._stat_pending, u)
-            self._stat_pending = None
-        return u_t, grad
 
     def multiplier(self, j: int) -> float:
         """The gradient multiplier :math:`\\mu` in bin ``j`` for the current ``g``."""
@@ -368,18 +391,19 @@ class ContourSGLD(SGMCMCKernel):
         if self.zeta == 0.0:
             return torch.zeros(u.shape, dtype=torch.float64)
         log_g = g.log()
-        slope = (log_g[..., 1:] - log_g[..., :-1]) / self.bin_width  # bins 1 .. m-1
+        width = self.bin_width
+        slope = (log_g[..., 1:] - log_g[..., :-1]) / width  # bins 1 .. m-1
         slope = torch.cat([slope[..., :1], slope], dim=-1)  # bin 0 moves with bins 0-1
         zt = self.zeta * self.temperature
         if self.multiplier_clip is not None and zt > 0:
             slope = ((1.0 + zt * slope).clamp(*self.multiplier_clip) - 1.0) / zt
         # Phi at the lower edges e_0 .. e_{m-1}, with Phi(e_1) = log g_0
-        rises = torch.cumsum(slope[..., 1:-1] * self.bin_width, dim=-1)
+        rises = torch.cumsum(slope[..., 1:-1] * width, dim=-1)
         at_e1 = log_g[..., :1]
-        edges = torch.cat([at_e1 - slope[..., :1] * self.bin_width, at_e1, at_e1 + rises],
+        edges = torch.cat([at_e1 - slope[..., :1] * width, at_e1, at_e1 + rises],
                           dim=-1)
         j = j.unsqueeze(-1)
-        lower = self.min_energy + self.bin_width * j.squeeze(-1).double()
+        lower = self.min_energy + width * j.squeeze(-1).double()
         phi = edges.gather(-1, j).squeeze(-1) + slope.gather(-1, j).squeeze(-1) * (
             u.double() - lower)
         return self.zeta * phi
@@ -395,68 +419,70 @@ class ContourSGLD(SGMCMCKernel):
         """:math:`\\omega_k = \\min(\\omega_0, 10/(k^{0.8} + 100))`."""
         return min(self.omega0, 10.0 / (k**0.8 + 100.0))
 
-    def update(self, z: torch.Tensor, grad: torch.Tensor, step_size: float) -> None:
+    def update(self, state: KernelState, estimate: Estimate, step_size: float) -> None:
+        z, grad = state.position, estimate.step_grad
         if self.vectorized_chains is not None:
-            self._update_vectorized(z, grad, step_size)
+            self._update_vectorized(state, grad, step_size)
             return
+        u = float(estimate.energy)
+        self._observe_energy(u)
         mult = 1.0
         if self.bins_fixed:
-            j = self.bin_of(self._u)
-            self._num_sa += 1
-            gain = self.sa_step_size(self._num_sa) * float(self._g[j]) ** self.sa_power
-            self._g.mul_(1.0 - gain)
-            self._g[j] += gain
+            j = self.bin_of(u)
+            state.num_sa_updates += 1
+            g = state.energy_pdf
+            gain = self.sa_step_size(state.num_sa_updates) * float(g[j]) ** self.sa_power
+            g.mul_(1.0 - gain)
+            g[j] += gain
             mult = self.multiplier(j)
         if mult != 1.0:
             grad.mul_(mult)
         if self.bounds is not None:
-            self._z_before.copy_(z)
-        langevin_step_(z, grad, step_size, self.temperature, self._noise, metric=self.metric)
+            state.before.copy_(z)
+        langevin_step_(z, grad, step_size, self.temperature, state.noise, metric=self.metric)
         if self.bounds is not None and not bool(
             ((z >= self.bounds[0]) & (z <= self.bounds[1])).all()
         ):
-            z.copy_(self._z_before)
-            self.num_rejected += 1
+            z.copy_(state.before)
+            state.num_rejected += 1
 
     # ------------------------------------------------------------------ statistics
 
-    def record_stats(self) -> None:
-        k = self.vectorized_chains
-        self._stats["energy"].append(math.nan if k is None else [math.nan] * k)
-        self._stats["energy_bin"].append(-1 if k is None else [-1] * k)
-        self._stats["log_weight"].append(math.nan if k is None else [math.nan] * k)
-        self._stat_pending = len(self._stats["energy"]) - 1
-
-    def _fill_stats(self, i: int, u: float | torch.Tensor) -> None:
+    def statistics_at_draw(self, energy: float) -> dict[str, Any]:
+        """``energy``, ``energy_bin`` and ``log_weight`` of the draw, with ``g`` before the SA
+        update that uses this energy."""
         if self.vectorized_chains is not None:
-            self._fill_stats_vectorized(i, u)
-            return
-        self._stats["energy"][i] = u
+            return self._statistics_vectorized(self.potential.energies)
+        u = energy
+        if self.auto_bins and not self.bins_fixed and self._draw >= self._warmup_steps:
+            self._fix_bins()
+        stats: dict[str, Any] = {"energy": u}
         if math.isfinite(u) and self.bins_fixed:
             j = self.bin_of(u)
-            self._stats["energy_bin"][i] = j
-            self._stats["log_weight"][i] = float(self.log_weight(self._g, torch.tensor(u),
-                                                                 torch.tensor(j)))
+            stats["energy_bin"] = j
+            stats["log_weight"] = float(self.log_weight(self._g, torch.tensor(u),
+                                                        torch.tensor(j)))
         else:  # a non-finite energy gets no weight
-            self._stats["log_weight"][i] = -math.inf
+            stats["log_weight"] = -math.inf
+        return stats
 
-    def _evaluate_pending_draw(self) -> None:
-        i = self._pending
-        super()._evaluate_pending_draw()
-        if self._stat_pending is not None:
-            u = -self._stats["lp"][i] if self.vectorized_chains is None else self.potential.energies
-            self._fill_stats(self._stat_pending, u)
-            self._stat_pending = None
+    @property
+    def stat_defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        k = self.vectorized_chains
+        if k is None:
+            return {"energy_bin": -1}
+        return {"energy": [math.nan] * k, "energy_bin": [-1] * k, "log_weight": [math.nan] * k}
 
     # ------------------------------------------------------------------ K chains in one potential
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
+        self.state_fields = self._state_fields()
         super().setup(warmup_steps, *args, **kwargs)
         if self.vectorized_chains is not None:
             self.potential = _ChainEnergies(self.potential, self.vectorized_chains)
 
-    def _init_vectorized(self) -> None:
-        """Per-chain state: ``g`` of shape ``(K, m)`` and the chain of each flat coordinate."""
+    def _chain_of_coordinates(self, state: KernelState) -> torch.Tensor:
+        """The chain of each flat coordinate (every site has a leading dimension ``K``)."""
         k = self.vectorized_chains
         chain_of = []
         for s in self._layout.sites:
@@ -465,9 +491,7 @@ class ContourSGLD(SGMCMCKernel):
                                  f"of size {k} (one row per chain), site {s.name!r} has shape "
                                  f"{tuple(s.shape)}")
             chain_of.append(torch.arange(k).repeat_interleave(s.numel // k))
-        self._chain_of = torch.cat(chain_of)
-        self._rows = torch.arange(k)
-        self._g = self._g.repeat(k, 1)
+        return torch.cat(chain_of)
 
     def bins_of(self, u: torch.Tensor) -> torch.Tensor:
         """:meth:`bin_of` of each of a tensor of energies."""
@@ -478,51 +502,57 @@ class ContourSGLD(SGMCMCKernel):
         """:meth:`multiplier` of each chain ``c`` in bin ``j[c]`` (``K`` chains)."""
         if self.zeta == 0.0:
             return torch.ones(len(j), dtype=torch.float64)
+        rows = torch.arange(len(j))
         jm = j.clamp(min=1)
         log_g = self._g.log()
-        slope = (log_g[self._rows, jm] - log_g[self._rows, jm - 1]) / self.bin_width
+        slope = (log_g[rows, jm] - log_g[rows, jm - 1]) / self.bin_width
         mult = 1.0 + self.zeta * self.temperature * slope
         if self.multiplier_clip is not None:
             mult = mult.clamp(*self.multiplier_clip)
         return mult
 
-    def _update_vectorized(self, z: torch.Tensor, grad: torch.Tensor, step_size: float) -> None:
+    def _update_vectorized(self, state: KernelState, grad: torch.Tensor,
+                           step_size: float) -> None:
+        z, u = state.position, self.potential.energies
+        self._observe_energy(u)
         if self.bins_fixed:
-            j = self.bins_of(self._u)
-            self._num_sa += 1
-            gain = self.sa_step_size(self._num_sa) * self._g[self._rows, j] ** self.sa_power
-            self._g.mul_((1.0 - gain).unsqueeze(1))
-            self._g[self._rows, j] += gain
+            j = self.bins_of(u)
+            rows = torch.arange(len(j))
+            state.num_sa_updates += 1
+            g = state.energy_pdf
+            gain = self.sa_step_size(state.num_sa_updates) * g[rows, j] ** self.sa_power
+            g.mul_((1.0 - gain).unsqueeze(1))
+            g[rows, j] += gain
             if self.zeta != 0.0:
-                grad.mul_(self.multipliers(j).to(grad.dtype)[self._chain_of])
+                grad.mul_(self.multipliers(j).to(grad.dtype)[state.chain_of])
         if self.bounds is not None:
-            self._z_before.copy_(z)
-        langevin_step_(z, grad, step_size, self.temperature, self._noise, metric=self.metric)
+            state.before.copy_(z)
+        langevin_step_(z, grad, step_size, self.temperature, state.noise, metric=self.metric)
         if self.bounds is not None:
             outside = ((z < self.bounds[0]) | (z > self.bounds[1])).double()
             bad = torch.zeros(self.vectorized_chains, dtype=torch.float64)
-            bad = bad.index_add_(0, self._chain_of, outside) > 0
+            bad = bad.index_add_(0, state.chain_of, outside) > 0
             if bool(bad.any()):
-                z.copy_(torch.where(bad[self._chain_of], self._z_before, z))
-                self.num_rejected += int(bad.sum())
+                z.copy_(torch.where(bad[state.chain_of], state.before, z))
+                state.num_rejected += int(bad.sum())
 
-    def _fill_stats_vectorized(self, i: int, u: torch.Tensor) -> None:
-        self._stats["energy"][i] = u.tolist()
-        finite = torch.isfinite(u)
-        if self.bins_fixed and bool(finite.all()):
+    def _statistics_vectorized(self, u: torch.Tensor) -> dict[str, Any]:
+        if self.auto_bins and not self.bins_fixed and self._draw >= self._warmup_steps:
+            self._fix_bins()
+        stats: dict[str, Any] = {"energy": u.tolist()}
+        if self.bins_fixed and bool(torch.isfinite(u).all()):
             j = self.bins_of(u)
-            self._stats["energy_bin"][i] = j.tolist()
-            self._stats["log_weight"][i] = self.log_weight(self._g, u, j).tolist()
+            stats["energy_bin"] = j.tolist()
+            stats["log_weight"] = self.log_weight(self._g, u, j).tolist()
         else:
-            self._stats["log_weight"][i] = [-math.inf] * len(u)
+            stats["log_weight"] = [-math.inf] * len(u)
+        return stats
 
     def diagnostics(self) -> dict[str, Any]:
         out = super().diagnostics()
-        stats = out["sample_stats"]
-        stats["energy_bin"] = stats["energy_bin"].long()
         out["energy_pdf"] = self._g.clone()
         out["energy_edges"] = self.energy_edges if self.bins_fixed else None
-        out["num_sa_updates"] = self._num_sa
+        out["num_sa_updates"] = self.state.num_sa_updates
         out["num_rejected"] = self.num_rejected
         return out
 

@@ -9,13 +9,24 @@ from typing import Any
 import torch
 
 from pyro_flat import validation
-from pyro_flat.infer.mcmc import adaptation
+from pyro_flat.infer.mcmc import dynamics as dyn
 from pyro_flat.infer.mcmc.base import SGMCMCKernel
+from pyro_flat.infer.mcmc.estimators import Estimate
 from pyro_flat.infer.mcmc.integrators import langevin_step_, underdamped_step_
 from pyro_flat.infer.mcmc.noise import PrefetchedNormal
+from pyro_flat.infer.mcmc.sgld import MOMENTUM, NOISE
+from pyro_flat.infer.mcmc.state import KernelState, StateField
 
 #: Suffix of the guiding variable's sites in the draws: ``"fc1.weight"`` -> ``"fc1.weight__guide"``.
 GUIDE_SUFFIX = "__guide"
+
+#: The guiding variable theta_a: starts as a copy of theta, returned with every draw.
+GUIDE = StateField("guide", "the guiding variable theta_a, starting at theta",
+                   init="position", draws_suffix=GUIDE_SUFFIX)
+GUIDE_MOMENTUM = StateField("guide_momentum", "the guide's momentum (underdamped form)",
+                            reset=True)
+GUIDE_GRAD = StateField("guide_grad", "buffer for the coupling force on the guide",
+                        init="scratch")
 
 
 class EntropyMCMC(SGMCMCKernel):
@@ -46,9 +57,13 @@ class EntropyMCMC(SGMCMCKernel):
             + (\theta - \theta_a)/\eta\big] + \sqrt{2\epsilon T}\,\xi_1 \\
         \theta_a &\leftarrow \theta_a - \epsilon(\theta_a - \theta)/\eta + \sqrt{2\epsilon T}\,\xi_2
 
-    (both from the same old values). Given ``friction``, both variables take an SGHMC step
-    (:func:`~pyro_flat.infer.mcmc.integrators.underdamped_step_`, friction :math:`C`, mass
-    :math:`M`) on the same joint energy instead: the underdamped form.
+    (both from the same old values). With ``dynamics="underdamped"`` both variables take an
+    SGHMC step (:func:`~pyro_flat.infer.mcmc.integrators.underdamped_step_`, friction
+    :math:`C`, mass :math:`M`) on the same joint energy instead.
+
+    **State.** The position :math:`\theta`, the ``guide`` :math:`\theta_a` (a copy of
+    :math:`\theta` at the start), and with ``dynamics="underdamped"`` the ``momentum`` and
+    ``guide_momentum`` (zero at the start and after a non-finite step).
 
     **Cost.** One gradient per step, as SGLD; beyond SGLD's update, three vector passes (the
     coupling as two ``lerp_``, the guide's noise) and a second Gaussian vector :math:`\xi_2`.
@@ -83,8 +98,11 @@ class EntropyMCMC(SGMCMCKernel):
     ----------
     eta : float
         The coupling :math:`\eta > 0`; larger means a wider smoothing and a looser guide.
+    dynamics : {"langevin", "underdamped"}
+        The Langevin form (the default) or the underdamped (SGHMC) form.
     friction : float, optional
-        :math:`C > 0` selects the underdamped (momentum) form; ``None`` the Langevin form.
+        :math:`C > 0` of the underdamped form (default 1). Given without ``dynamics`` it
+        selects the underdamped form, as it did before ``dynamics`` existed (deprecated).
     mass : float
         Scalar mass :math:`M > 0` of the underdamped form.
     tempered_coupling : bool
@@ -132,6 +150,7 @@ class EntropyMCMC(SGMCMCKernel):
         step_size: float | None = None,
         *,
         eta: float,
+        dynamics: str | None = None,
         friction: float | None = None,
         mass: float = 1.0,
         tempered_coupling: bool = True,
@@ -140,7 +159,9 @@ class EntropyMCMC(SGMCMCKernel):
     ):
         super().__init__(model, step_size, **kwargs)
         self.eta = validation.positive("eta", eta)
-        self.friction = None if friction is None else validation.positive("friction", friction)
+        self.dynamics, self.friction = dyn.resolve_dynamics("EntropyMCMC", dynamics, friction)
+        self.state_fields = ((GUIDE, NOISE) if self.dynamics == "langevin" else
+                             (GUIDE, MOMENTUM, GUIDE_MOMENTUM, GUIDE_GRAD, NOISE))
         self.mass = validation.positive("mass", mass)
         self.tempered_coupling = bool(tempered_coupling)
         self.coupling = bool(coupling)
@@ -154,47 +175,23 @@ class EntropyMCMC(SGMCMCKernel):
         strength."""
         k = self.coupling_strength
         joint = 0.5 * (curvature + 2 * k + math.sqrt(curvature**2 + 4 * k * k))
-        if self.friction is None:
-            return adaptation.langevin_limit(joint)
-        return adaptation.underdamped_limit(joint, self.friction, self.mass)
+        return dyn.stability_limit(self.dynamics, joint, self.friction, self.mass)
 
     def check_step_size(self, step_size: float) -> None:
         factor = 1.0 if self.tempered_coupling else max(self.temperature, 1e-300)
         validation.in_range("step_size * coupling / eta", step_size * factor / self.eta,
                             0.0, 1.0, closed="()")
-        if self.friction is not None:
-            validation.in_range("step_size * friction / mass",
-                                step_size * self.friction / self.mass, 0, 1, closed="(]")
+        if self.dynamics == "underdamped":
+            dyn.check_underdamped_step(step_size, self.friction, self.mass)
 
-    def init_kernel_state(self, z: torch.Tensor) -> None:
-        self._guide = z.detach().clone()
-        self._noise = torch.empty_like(z)
+    def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
+        super().setup(warmup_steps, *args, **kwargs)
         # theta_a's noise is independent of the step, so it is drawn ahead while the gradient
-        # is computed (same values as drawing it here; see noise.py)
+        # is computed (same values as drawing it in the step; see noise.py)
         if getattr(self, "_guide_noise", None) is not None:
             self._guide_noise.close()
-        self._guide_noise = PrefetchedNormal(z, self.aux_generator, prefetch=self.prefetch_noise)
-        if self.friction is not None:
-            self._guide_grad = torch.empty_like(z)
-            self._momentum = torch.zeros_like(z)
-            self._guide_momentum = torch.zeros_like(z)
-
-    def kernel_state(self) -> dict[str, Any]:
-        state = {"guide": self._guide}
-        if self.friction is not None:
-            state.update(momentum=self._momentum, guide_momentum=self._guide_momentum)
-        return state
-
-    def load_kernel_state(self, state: dict[str, Any]) -> None:
-        self._guide.copy_(state["guide"])
-        if self.friction is not None:
-            self._momentum.copy_(state["momentum"])
-            self._guide_momentum.copy_(state["guide_momentum"])
-
-    def reset_kernel_state(self) -> None:
-        if self.friction is not None:
-            self._momentum.zero_()
-            self._guide_momentum.zero_()
+        self._guide_noise = PrefetchedNormal(self.position, self.aux_generator,
+                                             prefetch=self.prefetch_noise)
 
     def aux_generator_state(self) -> torch.Tensor:
         return self._guide_noise.generator_state()
@@ -212,12 +209,6 @@ class EntropyMCMC(SGMCMCKernel):
         state.pop("_guide_noise", None)
         return state
 
-    def auxiliary_state(self) -> torch.Tensor:
-        return self._guide
-
-    def auxiliary_name(self, site: str) -> str:
-        return site + GUIDE_SUFFIX
-
     @property
     def coupling_strength(self) -> float:
         """The force per unit distance, :math:`1/\\eta` (times ``T`` if untempered; 0 if off)."""
@@ -225,35 +216,37 @@ class EntropyMCMC(SGMCMCKernel):
             return 0.0
         return (1.0 if self.tempered_coupling else self.temperature) / self.eta
 
-    def update(self, z: torch.Tensor, grad: torch.Tensor, step_size: float) -> None:
+    def update(self, state: KernelState, estimate: Estimate, step_size: float) -> None:
         k = self.coupling_strength
         t = self.temperature
-        if self.friction is None:
+        z, guide, grad = state.position, state.guide, estimate.step_grad
+        if self.dynamics == "langevin":
             # The coupling moves theta and theta_a towards each other by w = eps k times their
             # difference d = theta - theta_a: theta - w d = lerp(theta, theta_a, w), and then
             # theta_a + w d = lerp(theta_a, theta', w / (1 - w)) with the moved theta', whose
             # distance to theta_a is (1 - w) d. Two passes, no buffer for d.
             w = step_size * k
             if w > 0:
-                z.lerp_(self._guide, w)
-                self._guide.lerp_(z, w / (1.0 - w))
-            langevin_step_(z, grad, step_size, t, self._noise)
+                z.lerp_(guide, w)
+                guide.lerp_(z, w / (1.0 - w))
+            langevin_step_(z, grad, step_size, t, state.noise)
             if t > 0:
                 noise = self._guide_noise.next()
-                self._guide.add_(noise, alpha=math.sqrt(2.0 * step_size * t))
+                guide.add_(noise, alpha=math.sqrt(2.0 * step_size * t))
         else:
             # gradient of the joint energy in theta_a: k (theta_a - theta); in theta: grad + that
-            torch.sub(self._guide, z, out=self._guide_grad)
-            grad.sub_(self._guide_grad, alpha=k)
-            self._guide_grad.mul_(k)
+            guide_grad = state.guide_grad
+            torch.sub(guide, z, out=guide_grad)
+            grad.sub_(guide_grad, alpha=k)
+            guide_grad.mul_(k)
             c, m = self.friction, self.mass
-            underdamped_step_(z, self._momentum, grad, step_size, c, m, t, self._noise)
-            underdamped_step_(self._guide, self._guide_momentum, self._guide_grad, step_size,
+            underdamped_step_(z, state.momentum, grad, step_size, c, m, t, state.noise)
+            underdamped_step_(guide, state.guide_momentum, guide_grad, step_size,
                               c, m, t, self._guide_noise.next(), draw_noise=False)
 
-    def record_stats(self) -> None:
-        distance = torch.linalg.vector_norm(self._z - self._guide)
-        self._stats["coupling_distance"].append(float(distance))
+    def draw_statistics(self) -> dict[str, Any]:
+        distance = torch.linalg.vector_norm(self.position - self.state.guide)
+        return {"coupling_distance": float(distance)}
 
 
 def select_draws(

@@ -17,24 +17,22 @@ nor masked. At every evaluation the model's messenger checks that the site still
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
-from torch.distributions import Independent, Normal
 
 from pyro_flat.infer.mcmc.layout import FlatLayout
+from pyro_flat.infer.mcmc.normal import HALF_LOG_2PI, normal_parts
 
-_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
-
-def _normal_parts(fn: Any, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    base = fn.base_dist if isinstance(fn, Independent) else fn
-    if not isinstance(base, Normal) or value.shape != base.batch_shape:
+def _constant_normal_parts(fn: Any, value: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(loc, scale)`` of a closed-form Normal (:func:`.normal.normal_parts`) whose
+    parameters do not require grad, else None."""
+    parts = normal_parts(fn, value)
+    if parts is None or parts[0].requires_grad or parts[1].requires_grad:
         return None
-    if base.loc.requires_grad or base.scale.requires_grad:
-        return None
-    return base.loc, base.scale
+    return parts
 
 
 class FlatNormalPrior:
@@ -49,12 +47,12 @@ class FlatNormalPrior:
         sites = {s.name: s for s in layout.sites}
         for name, fn in self.fns.items():
             site = sites[name]
-            loc, scale = _normal_parts(fn, torch.empty(site.shape))
+            loc, scale = _constant_normal_parts(fn, torch.empty(site.shape))
             sl = slice(site.offset, site.stop)
             self.precision[sl] = scale.expand(site.shape).reshape(-1).pow(-2)
             self.loc[sl] = loc.expand(site.shape).reshape(-1)
             self._log_norm[name] = float(
-                scale.log().expand(site.shape).sum() + site.numel * _HALF_LOG_2PI
+                scale.log().expand(site.shape).sum() + site.numel * HALF_LOG_2PI
             )
         self._buffer = torch.empty_like(self.precision)
         self._const = sum(self._log_norm.values())
@@ -77,7 +75,7 @@ class FlatNormalPrior:
                 continue
             if not (isinstance(msg["scale"], float) and msg["scale"] == 1.0):
                 continue
-            if _normal_parts(msg["fn"], msg["value"]) is not None:
+            if _constant_normal_parts(msg["fn"], msg["value"]) is not None:
                 fns[site.name] = msg["fn"]
         if not fns:
             return None

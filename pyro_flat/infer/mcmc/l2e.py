@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import numbers
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +12,7 @@ import torch
 
 from pyro_flat import validation
 from pyro_flat.infer.mcmc.base import SGMCMCKernel
+from pyro_flat.infer.mcmc.estimators import Estimate
 from pyro_flat.infer.mcmc.l2e_net import (
     FRICTION,
     L2EState,
@@ -19,6 +22,7 @@ from pyro_flat.infer.mcmc.l2e_net import (
     as_meta_net,
     l2e_step_,
 )
+from pyro_flat.infer.mcmc.state import KernelState, StateField
 
 
 class L2E(SGMCMCKernel):
@@ -61,13 +65,14 @@ class L2E(SGMCMCKernel):
     ----------
     model : callable, optional
         A Pyro model (or give ``potential_fn`` and ``initial_params``).
+    step_size : float, optional
+        :math:`\epsilon` on ``U``; ``None`` gives :math:`\sqrt{\text{step\_mult}/N}`.
     meta_params : MetaNet, path, mapping or None
         The network's parameters: a :class:`~pyro_flat.infer.mcmc.l2e_net.MetaNet`, an
         ``.npz`` file (this project's format or the authors' haiku layout ``linear_0.w`` ...),
         a mapping of those names to arrays, or ``None`` for the parameters shipped with
-        pyro_flat (meta-trained by ``benchmarks/l2e_meta_train.py``).
-    step_size : float, optional
-        :math:`\epsilon` on ``U``; ``None`` gives :math:`\sqrt{\text{step\_mult}/N}`.
+        pyro_flat (meta-trained by ``benchmarks/l2e_meta_train.py``). The older order
+        ``L2E(model, meta_params, step_size)`` still works, with a ``FutureWarning``.
     step_mult : float
         The authors' step multiplier, used when ``step_size`` is ``None``; positive.
     num_data : int, optional
@@ -115,15 +120,16 @@ class L2E(SGMCMCKernel):
     def __init__(
         self,
         model: Callable | None = None,
-        meta_params: Any = None,
+        *args: Any,
         step_size: float | None = None,
-        *,
+        meta_params: Any = None,
         step_mult: float = 2.0,
         num_data: int | None = None,
         friction: float = FRICTION,
         kinetic_energy: str = "learned",
         **kwargs: Any,
     ):
+        step_size, meta_params = _positional(args, step_size, meta_params)
         self._auto_step_size = step_size is None and kwargs.get("step_size_schedule") is None
         super().__init__(model, 1.0 if self._auto_step_size else step_size, **kwargs)
         if self._auto_step_size:
@@ -148,12 +154,6 @@ class L2E(SGMCMCKernel):
         return {"step_size": eps,
                 "temperature": validation.nonnegative("noise_mult", noise_mult) / eps}
 
-    def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
-        super().setup(warmup_steps, *args, **kwargs)
-        self._n = self._data_size()
-        if self._auto_step_size:
-            self.step_size = math.sqrt(self.step_mult / self._data_size(strict=True))
-
     def _data_size(self, strict: bool = False) -> int:
         if self.num_data is not None:
             return self.num_data
@@ -169,33 +169,58 @@ class L2E(SGMCMCKernel):
 
     # ------------------------------------------------------------------ kernel state
 
-    def init_kernel_state(self, z: torch.Tensor) -> None:
+    @property
+    def state_fields(self) -> tuple[StateField, ...]:  # type: ignore[override]
+        """The per-element state: the momentum ``r`` and the six gradient moving averages
+        ``m_d``, zero at the start and after a non-finite step. Both live in the features
+        buffer (:class:`~pyro_flat.infer.mcmc.l2e_net.L2EState`) the meta-network reads."""
         segments = [(s.offset, s.stop) for s in self._layout.sites]
-        self._state = L2EState.zeros(z, segments)
+        return (
+            StateField("features", "the meta-network's per-element features",
+                       init=lambda state: L2EState.zeros(state.position, segments),
+                       persistent=False),
+            StateField("momentum", "r, the momentum", init=lambda state: state.features.r,
+                       reset=True),
+            StateField("grad_moments", "(n, 6) gradient moving averages m_d",
+                       init=lambda state: state.features.moments, reset=True),
+        )
+
+    def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
+        super().setup(warmup_steps, *args, **kwargs)
+        self._n = self._data_size()
+        if self._auto_step_size:
+            self.step_size = math.sqrt(self.step_mult / self._data_size(strict=True))
         if self.kinetic_energy == "standard":
             self._kinetic: StandardKinetic | LearnedKinetic = StandardKinetic()
         else:
+            z = self.position
             self._kinetic = LearnedKinetic(self.meta_net.to(z.dtype, z.device))
 
-    def kernel_state(self) -> dict[str, Any]:
-        return {"momentum": self._state.r, "grad_moments": self._state.moments.contiguous()}
-
-    def load_kernel_state(self, state: dict[str, Any]) -> None:
-        self._state.r.copy_(state["momentum"])
-        self._state.moments.copy_(state["grad_moments"])
-
-    def reset_kernel_state(self) -> None:
-        self._state.r.zero_()
-        self._state.moments.zero_()
-
-    def update(self, z: torch.Tensor, grad: torch.Tensor, step_size: float) -> None:
-        l2e_step_(z, self._state, grad, self._n, step_size, self.temperature, self._kinetic,
-                  self.friction)
+    def update(self, state: KernelState, estimate: Estimate, step_size: float) -> None:
+        l2e_step_(state.position, state.features, estimate.step_grad, self._n, step_size,
+                  self.temperature, self._kinetic, self.friction)
 
     @property
     def momentum(self) -> torch.Tensor:
         """The current momentum ``r`` (flat)."""
-        return self._state.r
+        return self.state.momentum
+
+
+def _positional(args: tuple, step_size: Any, meta_params: Any) -> tuple[Any, Any]:
+    """``(step_size, meta_params)`` from ``L2E(model, step_size)`` or the older
+    ``L2E(model, meta_params[, step_size])`` (with a ``FutureWarning``)."""
+    if not args:
+        return step_size, meta_params
+    first = args[0]
+    if len(args) == 1 and (first is None or isinstance(first, numbers.Real)):
+        if step_size is not None:
+            raise TypeError("L2E got step_size both by position and by name")
+        return first, meta_params
+    if len(args) > 2 or meta_params is not None or (len(args) == 2 and step_size is not None):
+        raise TypeError("L2E takes L2E(model, step_size, *, meta_params=..., ...)")
+    warnings.warn("L2E(model, meta_params, step_size) is deprecated: write "
+                  "L2E(model, step_size, meta_params=...)", FutureWarning, stacklevel=3)
+    return (args[1] if len(args) == 2 else step_size), first
 
 
 __all__ = ["L2E", "MetaNet"]

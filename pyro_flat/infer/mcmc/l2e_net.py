@@ -15,7 +15,7 @@ between layers, ``x @ w + b`` (the layout of the authors' haiku ``hk.nets.MLP([3
 :math:`\alpha = 10^{-3} o_1`, :math:`\beta = 10^{-3} o_2`.
 
 :func:`l2e_step_` is the update; :class:`pyro_flat.infer.L2E` and
-:mod:`pyro_flat.infer.l2e_meta` both call it, so the sampler that is meta-trained is the sampler
+:mod:`pyro_flat.l2e_training.meta` both call it, so the sampler that is meta-trained is the sampler
 that ships.
 
 References

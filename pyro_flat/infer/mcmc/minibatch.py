@@ -24,9 +24,12 @@ class MinibatchStream:
         ``B``, the number of indices per minibatch, ``1 <= B <= N``.
     device : torch.device, optional
         Where the index tensors live (the device of the data).
+    generator : torch.Generator, optional
+        The random stream of the permutations (default: torch's global one).
     """
 
-    def __init__(self, size: int, batch_size: int, device: torch.device | str | None = None):
+    def __init__(self, size: int, batch_size: int, device: torch.device | str | None = None,
+                 generator: torch.Generator | None = None):
         if not 1 <= batch_size <= size:
             raise ValueError(
                 f"subsample_size must be an integer in [1, {size}] (the plate size), "
@@ -35,6 +38,7 @@ class MinibatchStream:
         self.size = int(size)
         self.batch_size = int(batch_size)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.generator = generator
         self._perm: torch.Tensor | None = None
         self._pos = 0
 
@@ -43,7 +47,7 @@ class MinibatchStream:
         return self.size // self.batch_size
 
     def _fresh_perm(self) -> torch.Tensor:
-        return torch.randperm(self.size, device=self.device)
+        return torch.randperm(self.size, device=self.device, generator=self.generator)
 
     def next(self) -> torch.Tensor:
         """The next minibatch; starts a new epoch (a new permutation) when the current one ends."""

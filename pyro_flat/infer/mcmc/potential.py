@@ -13,11 +13,11 @@ log-densities as the sites go by. Nothing is traced or recorded; Normal priors (
 prior) are summed in closed form on the flat parameter vector (:mod:`.flat_prior`). Measured on
 a 784-100-100-10 MLP, potential and gradient cost about 1.13x a hand-written ``functional_call``
 log joint (``benchmarks/step_overhead.py``); ``poutine.trace(...).log_prob_sum()`` costs about 2x.
+The other Normal sites are summed in closed form as the model runs (:mod:`.normal`).
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,13 +29,14 @@ from pyro.distributions.util import scale_and_mask
 from pyro.infer.autoguide.initialization import InitMessenger
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.subsample_messenger import _Subsample
-from torch.distributions import Independent, Normal, biject_to
+from torch.distributions import biject_to
 from torch.distributions.transforms import ComposeTransform, IndependentTransform
 
 from pyro_flat.infer.mcmc.flat_prior import FlatNormalPrior
 from pyro_flat.infer.mcmc.layout import FlatLayout
-
-_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+from pyro_flat.infer.mcmc.normal import normal_log_prob_sum
+from pyro_flat.sites import latent_sites
+from pyro_flat.subsample import InjectIndices
 
 
 @dataclass(frozen=True)
@@ -59,38 +60,6 @@ def _is_identity(transform: torch.distributions.Transform) -> bool:
     while isinstance(transform, IndependentTransform):
         transform = transform.base_transform
     return isinstance(transform, ComposeTransform) and not transform.parts
-
-
-def _scalar_view(t: torch.Tensor) -> torch.Tensor | None:
-    """The single value of a tensor that is a broadcast (all strides 0) of one number, else None."""
-    if t.dim() == 0:
-        return t
-    if all(s == 0 for s in t.stride()):
-        return t[(0,) * t.dim()]
-    return None
-
-
-def normal_log_prob_sum(fn: Any, value: torch.Tensor) -> torch.Tensor | None:
-    """``fn.log_prob(value).sum()`` in closed form when ``fn`` is a (reinterpreted) Normal.
-
-    Returns None for any other distribution, or a value whose shape is not the distribution's own
-    full shape, so that the caller falls back to ``fn.log_prob``.
-    """
-    base = fn.base_dist if isinstance(fn, Independent) else fn
-    if not isinstance(base, Normal) or value.shape != base.batch_shape:
-        return None
-    loc, scale = base.loc, base.scale
-    loc0 = _scalar_view(loc)
-    loc = loc if loc0 is None else loc0
-    n = value.numel()
-    s0 = _scalar_view(scale)
-    if s0 is not None:
-        quad = (value - loc).square().sum() / s0.square()
-        log_norm = n * (s0.log() + _HALF_LOG_2PI)
-    else:
-        quad = ((value - loc) / scale).square().sum()
-        log_norm = scale.log().expand(value.shape).sum() + n * _HALF_LOG_2PI
-    return -0.5 * quad - log_norm
 
 
 class _LogJoint(Messenger):
@@ -231,18 +200,6 @@ class ModelPotential:
         return -(log_joint.log_joint + log_det)
 
 
-class _InjectIndices(Messenger):
-    """During the setup trace, give subsample sites of size ``size`` the indices ``batch``."""
-
-    def __init__(self, size: int, batch: torch.Tensor):
-        super().__init__()
-        self.size, self.batch = size, batch
-
-    def _pyro_sample(self, msg: dict) -> None:
-        if type(msg["fn"]) is _Subsample and msg["fn"].size == self.size and msg["value"] is None:
-            msg["value"] = self.batch
-
-
 def _leading_size(args: tuple, kwargs: dict) -> int | None:
     sizes = [a.shape[0] for a in (*args, *kwargs.values()) if torch.is_tensor(a) and a.dim() > 0]
     if not sizes:
@@ -310,7 +267,7 @@ def trace_model(
                      for i, a in enumerate(args))
         kwargs = {k: (a.index_select(0, idx.to(a.device)) if k in names else a)
                   for k, a in kwargs.items()}
-        setup_model = _InjectIndices(slice_size, idx)(model)
+        setup_model = InjectIndices(slice_size, idx)(model)
 
     with torch.no_grad():
         trace = poutine.trace(InitMessenger(init_strategy)(setup_model)).get_trace(*args, **kwargs)
@@ -330,10 +287,8 @@ def trace_model(
             plate = DataPlate(name, frame.full_size, frame.size)
 
     shapes, transforms, init = {}, {}, {}
-    for site in trace.nodes.values():
-        if site["type"] != "sample" or site["is_observed"] or type(site["fn"]) is _Subsample:
-            continue
-        name, fn, value = site["name"], site["fn"], site["value"]
+    for name, site in latent_sites(trace).items():
+        fn, value = site["fn"], site["value"]
         if fn.support.is_discrete:
             raise ValueError(
                 f"site {name!r} is discrete ({type(fn).__name__}); SG-MCMC kernels need "

@@ -6,12 +6,17 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from pyro_flat import validation
 from pyro_flat.infer.mcmc import adaptation
 from pyro_flat.infer.mcmc.base import SGMCMCKernel
+from pyro_flat.infer.mcmc.estimators import Estimate
 from pyro_flat.infer.mcmc.integrators import langevin_step_, underdamped_step_
+from pyro_flat.infer.mcmc.state import KernelState, StateField
+
+#: Work buffer for the Gaussian noise of a step (drawn with one ``normal_`` call).
+NOISE = StateField("noise", "buffer for the step's Gaussian noise", init="scratch")
+#: The momentum of the underdamped (SGHMC) update, zero at the start and after a fall-back.
+MOMENTUM = StateField("momentum", "the momentum r, zero at the start", reset=True)
 
 
 class SGLD(SGMCMCKernel):
@@ -49,11 +54,11 @@ class SGLD(SGMCMCKernel):
     dynamics. ICML.
     """
 
-    def init_kernel_state(self, z: torch.Tensor) -> None:
-        self._noise = torch.empty_like(z)
+    state_fields = (NOISE,)
 
-    def update(self, z: torch.Tensor, grad: torch.Tensor, step_size: float) -> None:
-        langevin_step_(z, grad, step_size, self.temperature, self._noise, metric=self.metric)
+    def update(self, state: KernelState, estimate: Estimate, step_size: float) -> None:
+        langevin_step_(state.position, estimate.step_grad, step_size, self.temperature,
+                       state.noise, metric=self.metric)
 
 
 class SGHMC(SGMCMCKernel):
@@ -132,23 +137,12 @@ class SGHMC(SGMCMCKernel):
         n = validation.integer_at_least("num_data", num_data, 1)
         return cls(model, 1.0, friction=(1 - momentum) * n / lr, mass=n / lr, **kwargs)
 
-    def init_kernel_state(self, z: torch.Tensor) -> None:
-        self._noise = torch.empty_like(z)
-        self._momentum = torch.zeros_like(z)
+    state_fields = (MOMENTUM, NOISE)
 
-    def kernel_state(self) -> dict[str, Any]:
-        return {"momentum": self._momentum}
-
-    def load_kernel_state(self, state: dict[str, Any]) -> None:
-        self._momentum.copy_(state["momentum"])
-
-    def reset_kernel_state(self) -> None:
-        self._momentum.zero_()
-
-    def update(self, z: torch.Tensor, grad: torch.Tensor, step_size: float) -> None:
+    def update(self, state: KernelState, estimate: Estimate, step_size: float) -> None:
         underdamped_step_(
-            z, self._momentum, grad, step_size, self.friction, self.mass, self.temperature,
-            self._noise, self.noise_estimate, metric=self.metric,
+            state.position, state.momentum, estimate.step_grad, step_size, self.friction,
+            self.mass, self.temperature, state.noise, self.noise_estimate, metric=self.metric,
         )
 
 
@@ -240,6 +234,7 @@ class CyclicalSGLD(SGLD):
                    if p >= r)
         return nxt - r + 1
 
-    def update(self, z: torch.Tensor, grad: torch.Tensor, step_size: float) -> None:
+    def update(self, state: KernelState, estimate: Estimate, step_size: float) -> None:
         temperature = 0.0 if self.in_exploration(self._t) else self.temperature
-        langevin_step_(z, grad, step_size, temperature, self._noise, metric=self.metric)
+        langevin_step_(state.position, estimate.step_grad, step_size, temperature, state.noise,
+                       metric=self.metric)

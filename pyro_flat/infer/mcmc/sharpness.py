@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import torch
 from torch import nn
 
 from pyro_flat import validation
-from pyro_flat.batchnorm_state import find_batchnorm, kept_running_stats
-from pyro_flat.infer.mcmc import adaptation
+from pyro_flat.ascent import ASAM_OFFSET
+from pyro_flat.batchnorm_state import find_batchnorm
+from pyro_flat.infer.mcmc import dynamics as dyn
 from pyro_flat.infer.mcmc.base import SGMCMCKernel
+from pyro_flat.infer.mcmc.estimators import Estimate, SharpnessAwareGradient
 from pyro_flat.infer.mcmc.integrators import langevin_step_, underdamped_step_
+from pyro_flat.infer.mcmc.sgld import MOMENTUM, NOISE
+from pyro_flat.infer.mcmc.state import KernelState
 
-#: The offset :math:`\eta` of the geometry-aware ball, :math:`D = (|\theta| + \eta)^2`
-#: (ASAM's default, Kwon et al. 2021), so that parameters at zero can still be perturbed.
-GEOMETRY_ETA = 0.01
+#: Deprecated name of :data:`pyro_flat.ascent.ASAM_OFFSET`.
+GEOMETRY_ETA = ASAM_OFFSET
 
 class SASGLD(SGMCMCKernel):
     r"""Sharpness-aware SGLD (F-SGLD): Langevin dynamics on the sharpness-aware posterior.
@@ -43,20 +44,25 @@ class SASGLD(SGMCMCKernel):
 
     With ``geometry=True`` the ball is the ASAM ellipsoid :math:`\|T_\theta^{-1} e\| \le \rho`
     with :math:`T_\theta = \mathrm{diag}(|\theta| + \eta)`, :math:`\eta` =
-    :data:`GEOMETRY_ETA`; its one-step maximiser is :math:`e = \rho D g / \sqrt{g^\top D g}`
-    with :math:`D = T_\theta^2`, so the perturbation scales with each parameter's magnitude
-    (invariant to rescaling a layer's weights). Given ``friction``, the Langevin step is
-    replaced by the SGHMC step (:func:`~pyro_flat.infer.mcmc.integrators.underdamped_step_`,
-    friction :math:`C`, mass :math:`M`) with the same perturbed gradient.
+    :data:`pyro_flat.ascent.ASAM_OFFSET`; its one-step maximiser is
+    :math:`e = \rho D g / \sqrt{g^\top D g}` with :math:`D = T_\theta^2`, so the perturbation
+    scales with each parameter's magnitude (invariant to rescaling a layer's weights). With
+    ``dynamics="underdamped"`` the Langevin step is replaced by the SGHMC step
+    (:func:`~pyro_flat.infer.mcmc.integrators.underdamped_step_`, friction :math:`C`, mass
+    :math:`M`) with the same perturbed gradient.
+
+    **Structure.** The kernel is the sharpness-aware gradient estimator
+    (:class:`~pyro_flat.infer.mcmc.estimators.SharpnessAwareGradient`) followed by a Langevin
+    or underdamped step. Its state: the position, and with ``dynamics="underdamped"`` the
+    ``momentum`` (zero at the start and after a non-finite step).
 
     **Cost**: two potential-and-gradient evaluations per SG step (twice SGLD), plus a few
     vector operations and a copy of the parameters. With ``rho = 0`` the second pass is skipped
     and the kernel is SGLD (SGHMC), draw for draw at the same seed.
 
     **Statistics.** ``lp`` and ``grad_norm`` are those at the unperturbed :math:`\theta`, as for
-    every kernel: :meth:`gradient` returns :math:`(\hat U(\theta), \nabla\hat U(\theta))` to the
-    base class, which records them, and :meth:`update` moves with the perturbed gradient it
-    kept aside. The extra per-draw statistic ``sharpness`` is
+    every kernel (the estimator returns :math:`\hat U(\theta)` and its gradient beside the
+    perturbed gradient the step moves with). The extra per-draw statistic ``sharpness`` is
     :math:`\hat U(\theta + e) - \hat U(\theta)` of the SG step that produced the draw (on that
     step's minibatch, so with minibatches it is noisy; it is ``>= 0`` to first order). A
     non-finite potential or gradient in *either* pass marks the step diverging.
@@ -76,8 +82,11 @@ class SASGLD(SGMCMCKernel):
         The radius :math:`\rho \ge 0` of the neighbourhood; ``0`` is plain SGLD.
     geometry : bool
         Use the geometry-aware (ASAM) ellipsoid instead of the Euclidean ball.
+    dynamics : {"langevin", "underdamped"}
+        The update after the estimator: Langevin (the default) or SGHMC's.
     friction : float, optional
-        :math:`C > 0` selects the underdamped (SGHMC) form; ``None`` the Langevin form.
+        :math:`C > 0` of the underdamped form (default 1). Given without ``dynamics`` it
+        selects the underdamped form, as it did before ``dynamics`` existed (deprecated).
     mass : float
         Scalar mass :math:`M > 0` of the underdamped form.
     batchnorm_modules : iterable of torch.nn.Module, optional
@@ -121,6 +130,7 @@ class SASGLD(SGMCMCKernel):
         *,
         rho: float,
         geometry: bool = False,
+        dynamics: str | None = None,
         friction: float | None = None,
         mass: float = 1.0,
         batchnorm_modules: Iterable[nn.Module] | None = None,
@@ -129,7 +139,7 @@ class SASGLD(SGMCMCKernel):
         super().__init__(model, step_size, **kwargs)
         self.rho = validation.nonnegative("rho", rho)
         self.geometry = bool(geometry)
-        self.friction = None if friction is None else validation.positive("friction", friction)
+        self.dynamics, self.friction = dyn.resolve_dynamics("SASGLD", dynamics, friction)
         self.mass = validation.positive("mass", mass)
         if self.step_size is not None:
             self.check_step_size(self.step_size)
@@ -139,94 +149,26 @@ class SASGLD(SGMCMCKernel):
                 raise ValueError(
                     f"batchnorm_modules must hold BatchNorm modules, got {type(m).__name__}"
                 )
+        self.estimator = SharpnessAwareGradient(self.rho, self.geometry)
+        self.state_fields = (MOMENTUM, NOISE) if self.dynamics == "underdamped" else (NOISE,)
 
     def stability_limit(self, curvature: float) -> float:
-        if self.friction is None:
-            return adaptation.langevin_limit(curvature)
-        return adaptation.underdamped_limit(curvature, self.friction, self.mass)
+        return dyn.stability_limit(self.dynamics, curvature, self.friction, self.mass)
 
     def check_step_size(self, step_size: float) -> None:
-        if self.friction is not None:
-            validation.in_range("step_size * friction / mass",
-                                step_size * self.friction / self.mass, 0, 1, closed="(]")
+        if self.dynamics == "underdamped":
+            dyn.check_underdamped_step(step_size, self.friction, self.mass)
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
-        super().setup(warmup_steps, *args, **kwargs)
         found = {id(m): m for m in find_batchnorm(self.model)}
         found.update({id(m): m for m in self.batchnorm_modules})
-        self._bn = list(found.values())
+        self.estimator.batchnorm_modules = list(found.values())
+        super().setup(warmup_steps, *args, **kwargs)
 
-    def init_kernel_state(self, z: torch.Tensor) -> None:
-        self._noise = torch.empty_like(z)
-        self._grad_at_theta = torch.empty_like(z)
-        self._e = torch.empty_like(z)
-        self._theta = torch.empty_like(z)
-        self._sharpness = math.nan
-        self._perturbed = False
-        if self.friction is not None:
-            self._momentum = torch.zeros_like(z)
-
-    def kernel_state(self) -> dict[str, Any]:
-        return {"momentum": self._momentum} if self.friction is not None else {}
-
-    def load_kernel_state(self, state: dict[str, Any]) -> None:
-        if self.friction is not None:
-            self._momentum.copy_(state["momentum"])
-
-    def reset_kernel_state(self) -> None:
-        if self.friction is not None:
-            self._momentum.zero_()
-
-    def _perturbation(self, g: torch.Tensor) -> bool:
-        """Write the ascent step ``e`` for the gradient ``g`` into ``self._e``; False if g = 0."""
-        if self.geometry:
-            torch.abs(self._z, out=self._e).add_(GEOMETRY_ETA).square_()  # D
-            self._e.mul_(g)  # D g
-            norm = float(torch.dot(g, self._e).sqrt())  # sqrt(g^T D g)
+    def update(self, state: KernelState, estimate: Estimate, step_size: float) -> None:
+        if self.dynamics == "langevin":
+            langevin_step_(state.position, estimate.step_grad, step_size, self.temperature,
+                           state.noise)
         else:
-            norm = float(torch.linalg.vector_norm(g))
-            self._e.copy_(g)
-        if not (norm > 0 and math.isfinite(norm)):
-            return False
-        self._e.mul_(self.rho / norm)
-        return True
-
-    def gradient(self, batch: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(U(theta), grad U(theta))`` for the statistics; ``grad U(theta + e)`` is left in
-        the base's gradient buffer for :meth:`update` (nothing runs in between)."""
-        u, g = self.potential_and_grad(batch)
-        if self.rho == 0.0:
-            self._sharpness = 0.0
-            self._perturbed = False
-            return u, g
-        self._grad_at_theta.copy_(g)
-        if not (math.isfinite(float(u)) and self._perturbation(self._grad_at_theta)):
-            # non-finite (the base handles it) or zero gradient (e = 0, the SGLD step)
-            self._sharpness = 0.0 if math.isfinite(float(u)) else math.nan
-            self._perturbed = False
-            return u, g
-        self._theta.copy_(self._z)
-        try:
-            with kept_running_stats(self._bn):
-                self._z.add_(self._e)
-                u_e, g_e = self.potential_and_grad(batch)  # g_e is the base's buffer self._grad
-        finally:
-            self._z.copy_(self._theta)  # exact restore, not z - e
-        self._sharpness = float(u_e - u)
-        if not (math.isfinite(float(u_e)) and bool(torch.isfinite(g_e).all())):
-            self._perturbed = False
-            return u_e, g_e  # the base marks the step diverging and reports the sites
-        self._perturbed = True
-        return u, self._grad_at_theta
-
-    def update(self, z: torch.Tensor, grad: torch.Tensor, step_size: float) -> None:
-        if self._perturbed:
-            grad = self._grad  # grad U(theta + e), from the second pass of gradient()
-        if self.friction is None:
-            langevin_step_(z, grad, step_size, self.temperature, self._noise)
-        else:
-            underdamped_step_(z, self._momentum, grad, step_size, self.friction, self.mass,
-                              self.temperature, self._noise)
-
-    def record_stats(self) -> None:
-        self._stats["sharpness"].append(self._sharpness)
+            underdamped_step_(state.position, state.momentum, estimate.step_grad, step_size,
+                              self.friction, self.mass, self.temperature, state.noise)

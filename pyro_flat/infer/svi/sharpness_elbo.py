@@ -11,7 +11,6 @@ loss for :class:`pyro.infer.SVI`: both gradient passes of a particle happen insi
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -23,6 +22,7 @@ from pyro.infer.autoguide import AutoContinuous, AutoDelta, AutoNormal
 from pyro.util import get_rng_state, set_rng_state, warn_if_nan
 
 from pyro_flat import validation
+from pyro_flat.ascent import ascent_perturbation
 from pyro_flat.batchnorm_state import find_batchnorm, kept_running_stats
 
 #: Name tokens (split at ``.`` and ``_``) that mark a guide parameter as a *mean*, each with the
@@ -127,7 +127,7 @@ class SharpnessAwareELBO(Trace_ELBO):
     run of the guide and model, so the model also sees the same minibatch) and the means are
     restored exactly after the backward pass. The returned loss is the ELBO estimate at
     :math:`\mu`, as ``Trace_ELBO`` returns. A zero or non-finite :math:`g` gives
-    :math:`\mu' = \mu`.
+    :math:`\mu' = \mu` (the step is :func:`pyro_flat.ascent.ascent_perturbation`).
 
     **The seed's ambiguity about** :math:`\sigma`: here :math:`\sigma` (and every other
     parameter that is not a mean, e.g. in the model) takes its gradient at :math:`\mu'`, not at
@@ -286,18 +286,13 @@ class SharpnessAwareELBO(Trace_ELBO):
 
     # ------------------------------------------------------------------------- the estimator
 
-    @torch.no_grad()
     def _ascent_step(self, grads: list[torch.Tensor | None],
                      means: list[tuple[str, torch.Tensor, torch.Tensor | None]]
-                     ) -> list[torch.Tensor] | None:
-        """:math:`\\rho D g / \\sqrt{g^\\top D g}` per mean; None if g is zero or non-finite."""
-        dg = [torch.zeros_like(m) if g is None else (g / s if s is not None else g)
-              for g, (_, m, s) in zip(grads, means, strict=True)]
-        gdg = sum(float((d * g).sum()) for d, g in zip(dg, grads, strict=True) if g is not None)
-        if not (gdg > 0 and math.isfinite(gdg)):
-            return None
-        scale = self.rho / math.sqrt(gdg)
-        return [d.mul_(scale) for d in dg]
+                     ) -> list[torch.Tensor | None] | None:
+        """:math:`\\rho D g / \\sqrt{g^\\top D g}` per mean (None where a mean has no
+        gradient); None if g is zero or non-finite."""
+        metric = [s.reciprocal() for _, _, s in means] if self.geometry else None
+        return ascent_perturbation(grads, self.rho, metric=metric)
 
     def _batchnorm(self, model: Any) -> list[torch.nn.Module]:
         found = {id(m): m for m in find_batchnorm(model)}
@@ -324,12 +319,13 @@ class SharpnessAwareELBO(Trace_ELBO):
         grads = torch.autograd.grad(surrogate, [m for _, m, _ in means], allow_unused=True)
         step = self._ascent_step(list(grads), means)
         del model_trace, guide_trace, surrogate
-        saved = []
+        saved = []  # (mean, its value at mu) for the means that move
         if step is not None:
             with torch.no_grad():
                 for (_, m, _), e in zip(means, step, strict=True):
-                    saved.append(m.detach().clone())
-                    m.add_(e)
+                    if e is not None:
+                        saved.append((m, m.detach().clone()))
+                        m.add_(e)
         try:
             with kept_running_stats(self._batchnorm(model)):  # stats move once per step
                 set_rng_state(rng)  # the same noise z (and minibatch) as the first pass
@@ -338,7 +334,7 @@ class SharpnessAwareELBO(Trace_ELBO):
                 self._backward(surrogate, model_trace, guide_trace)
         finally:
             with torch.no_grad():
-                for (_, m, _), value in zip(means, saved, strict=False):
+                for m, value in saved:
                     m.copy_(value)  # exact restore, not mu' - e
         return loss
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from pyro_flat.infer import SGLD, ContourSGLD, reweight
+from pyro_flat.infer.mcmc.state import KernelState
 
 
 def test_zeta_zero_statistics():
@@ -43,10 +44,16 @@ def test_stats_and_diagnostics_follow_the_rule():
     assert d["num_sa_updates"] == k.num_steps
 
 
+def with_fresh_state(k: ContourSGLD) -> ContourSGLD:
+    """The kernel with the state a run starts from, without a model run."""
+    k.state = KernelState.create(torch.zeros(1), k._state_fields())
+    return k
+
+
 def test_multiplier_and_initial_pdf():
     k = ContourSGLD(lambda: None, step_size=1e-3, num_bins=4, bin_width=2.0, min_energy=0.0,
                     zeta=1.5, temperature=2.0, multiplier_clip=(-5.0, 0.9))
-    k.init_kernel_state(torch.zeros(1))
+    with_fresh_state(k)
     assert torch.allclose(k._g, torch.tensor([4, 3, 2, 1.0], dtype=torch.float64) / 10)
     assert [k.bin_of(u) for u in (-3.0, 0.0, 1.99, 2.0, 7.9, 100.0)] == [0, 0, 0, 1, 3, 3]
     slope = math.log(3 / 4) / 2.0  # bin 0 uses the slope of bins 0-1 (J- = max(J, 1))
@@ -476,8 +483,8 @@ def test_log_weight_integrates_the_multiplier():
     for clip in (None, (0.2, 1.4)):
         k = ContourSGLD(lambda: None, step_size=1e-3, num_bins=5, bin_width=2.0,
                         min_energy=1.0, zeta=1.5, temperature=2.0, multiplier_clip=clip)
-        k.init_kernel_state(torch.zeros(1))
-        k._g = torch.tensor([0.1, 0.4, 0.2, 0.25, 0.05], dtype=torch.float64)
+        with_fresh_state(k).state.energy_pdf = torch.tensor([0.1, 0.4, 0.2, 0.25, 0.05],
+                                                            dtype=torch.float64)
         e1 = 3.0
         for u in (-4.0, 1.0, 2.3, 3.0, 6.1, 10.9, 14.0):
             grid = torch.linspace(e1, u, 20001, dtype=torch.float64)

@@ -39,6 +39,7 @@ def test_gaussian_joint(friction, temperature, tempered):
     eps = 0.02 if friction is None else 0.1
     kernel = EntropyMCMC(potential_fn=target, initial_params=target.initial_params(),
                          step_size=eps, eta=eta, friction=friction, temperature=temperature,
+                         dynamics="langevin" if friction is None else "underdamped",
                          tempered_coupling=tempered, num_steps_per_sample=5)
     mcmc = harness.run(kernel, num_samples=600, warmup_steps=60)
     h = joint_hessian(target, eta, temperature, tempered)
@@ -109,6 +110,7 @@ def test_prefetched_guide_noise_gives_the_same_draws(friction):
     runs = []
     for prefetch in (True, False):
         kernel = EntropyMCMC(model, step_size=1e-4, eta=1e-2, friction=friction,
+                             dynamics="langevin" if friction is None else "underdamped",
                              num_steps_per_sample=3)
         kernel.prefetch_noise = prefetch
         runs.append(harness.run(kernel, 30, 5, 4, x, y).get_samples())

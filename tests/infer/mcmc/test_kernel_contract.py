@@ -38,7 +38,7 @@ KERNELS = {
                                                          zeta=0.5, **kw),
                     ("energy", "energy_bin", "log_weight")),
     "SASGLD": (lambda m, eps=EPS, **kw: SASGLD(m, eps, rho=0.01, **kw), ("sharpness",)),
-    "L2E": (lambda m, eps=EPS, **kw: L2E(m, _meta_net(), eps, **kw), ()),
+    "L2E": (lambda m, eps=EPS, **kw: L2E(m, eps, meta_params=_meta_net(), **kw), ()),
 }
 NAMES = list(KERNELS)
 
@@ -62,12 +62,13 @@ BASELINES = {  # name: (kernel switched to its baseline, the baseline)
     "EntropyMCMC": (lambda m: EntropyMCMC(m, EPS, eta=0.01, coupling=False),
                     lambda m: SGLD(m, EPS)),
     "EntropyMCMC-underdamped": (lambda m: EntropyMCMC(m, EPS, eta=0.01, coupling=False,
-                                                      friction=100.0),
+                                                      dynamics="underdamped", friction=100.0),
                                 lambda m: SGHMC(m, EPS, friction=100.0)),
     "ContourSGLD": (lambda m: ContourSGLD(m, EPS, num_bins=10, bin_width=50.0, min_energy=0.0,
                                           zeta=0.0), lambda m: SGLD(m, EPS)),
     "SASGLD": (lambda m: SASGLD(m, EPS, rho=0.0), lambda m: SGLD(m, EPS)),
-    "SASGLD-underdamped": (lambda m: SASGLD(m, EPS, rho=0.0, friction=100.0),
+    "SASGLD-underdamped": (lambda m: SASGLD(m, EPS, rho=0.0, dynamics="underdamped",
+                                            friction=100.0),
                            lambda m: SGHMC(m, EPS, friction=100.0)),
     "CyclicalSGLD": (lambda m: CyclicalSGLD(m, EPS, cycle_length=4, exploration_fraction=0.0),
                      lambda m: SGLD(m, num_steps_per_sample=4, step_size_schedule=lambda t: 0.5
@@ -116,8 +117,10 @@ def pyro_flat_sample_stats(mcmc):
 
 # ------------------------------------------------------------------ state and determinism
 
-UNDERDAMPED = {"EntropyMCMC-underdamped": ("EntropyMCMC", {"friction": 100.0}),
-               "SASGLD-underdamped": ("SASGLD", {"friction": 100.0})}
+UNDERDAMPED = {
+    "EntropyMCMC-underdamped": ("EntropyMCMC", {"dynamics": "underdamped", "friction": 100.0}),
+    "SASGLD-underdamped": ("SASGLD", {"dynamics": "underdamped", "friction": 100.0}),
+}
 
 
 @pytest.mark.parametrize("name", NAMES + list(UNDERDAMPED))
@@ -269,10 +272,12 @@ BAD_INPUT = [  # (kernel, keyword arguments, error type, message pattern)
     ("SASGLD", dict(rho=-0.1), ValueError, r"rho must be a finite number in \[0, inf\)"),
     ("SASGLD", dict(rho=float("nan")), ValueError, "rho must be"),
     ("SASGLD", dict(rho="a"), ValueError, "rho must be a real number"),
-    ("SASGLD", dict(friction=-1.0), ValueError, "friction"),
+    ("SASGLD", dict(dynamics="underdamped", friction=-1.0), ValueError, "friction"),
     ("SASGLD", dict(batchnorm_modules=[torch.nn.Linear(2, 2)]), ValueError,
      "batchnorm_modules must hold BatchNorm modules"),
-    ("SASGLD", dict(step_size=1.0, friction=5.0), ValueError, r"step_size \* friction / mass"),
+    ("SASGLD", dict(step_size=1.0, dynamics="underdamped", friction=5.0), ValueError,
+     r"step_size \* friction / mass"),
+    ("SASGLD", dict(dynamics="overdamped"), ValueError, "dynamics must be one of"),
     ("L2E", dict(kinetic_energy="relativistic"), ValueError, "kinetic_energy"),
     ("L2E", dict(friction=0.0), ValueError, "friction"),
     ("L2E", dict(step_mult=-1.0), ValueError, "step_mult"),
@@ -288,7 +293,7 @@ CONSTRUCTORS = {
     "ContourSGLD": lambda **kw: ContourSGLD(_model(), **{"step_size": EPS, "num_bins": 10,
                                                           "auto_bins": True, **kw}),
     "SASGLD": lambda **kw: SASGLD(_model(), **{"step_size": EPS, "rho": 0.01, **kw}),
-    "L2E": lambda **kw: L2E(_model(), _meta_net(), **{"step_size": EPS, **kw}),
+    "L2E": lambda **kw: L2E(_model(), meta_params=_meta_net(), **{"step_size": EPS, **kw}),
 }
 
 
@@ -302,7 +307,8 @@ def test_bad_input_is_named(name, kwargs, error, match):
 SCHEDULED_INSTABILITY = [  # a stability condition of a constant step, met through a schedule
     ("SGHMC", dict(friction=5.0), r"step_size \* friction / mass"),
     ("EntropyMCMC", dict(eta=0.01), r"step_size \* coupling / eta"),
-    ("SASGLD", dict(rho=0.01, friction=5.0), r"step_size \* friction / mass"),
+    ("SASGLD", dict(rho=0.01, dynamics="underdamped", friction=5.0),
+     r"step_size \* friction / mass"),
 ]
 
 
@@ -331,3 +337,34 @@ def test_a_potential_fn_must_return_a_scalar():
                   step_size=0.1)
     with pytest.raises(ValueError, match=r"potential must be a scalar .* shape \(3,\)"):
         harness.run(kernel, 2, 0)
+
+
+# ------------------------------------------------------------------ older spellings still work
+
+@pytest.mark.parametrize("name", ["EntropyMCMC", "SASGLD"])
+def test_friction_alone_still_selects_the_underdamped_form(name, data):
+    """Before ``dynamics`` existed a friction switched to the underdamped update: it still does
+    (same draws as ``dynamics="underdamped"``), with a FutureWarning that says what to write."""
+    extra = {"eta": 0.01} if name == "EntropyMCMC" else {"rho": 0.01}
+    kernel_class = {"EntropyMCMC": EntropyMCMC, "SASGLD": SASGLD}[name]
+    with pytest.warns(FutureWarning, match="dynamics='underdamped'"):
+        old = kernel_class(_model(), EPS, friction=100.0, **extra)
+    new = kernel_class(_model(), EPS, dynamics="underdamped", friction=100.0, **extra)
+    assert old.dynamics == "underdamped"
+    a, b = harness.run(old, 10, 2, 5, *data), harness.run(new, 10, 2, 5, *data)
+    for site, values in a.get_samples().items():
+        assert torch.equal(values, b.get_samples()[site]), site
+    langevin = harness.run(kernel_class(_model(), EPS, **extra), 10, 2, 5, *data)
+    assert not torch.equal(langevin.get_samples()["net.weight"], a.get_samples()["net.weight"])
+
+
+def test_l2e_older_argument_order_still_works(data):
+    with pytest.warns(FutureWarning, match=r"L2E\(model, step_size, meta_params=...\)"):
+        old = L2E(_model(), _meta_net(), EPS)
+    new = L2E(_model(), EPS, meta_params=_meta_net())
+    assert old.step_size == new.step_size == EPS
+    a, b = harness.run(old, 5, 2, 5, *data), harness.run(new, 5, 2, 5, *data)
+    for site, values in a.get_samples().items():
+        assert torch.equal(values, b.get_samples()[site]), site
+    with pytest.raises(TypeError, match="step_size both"):
+        L2E(_model(), EPS, step_size=EPS)

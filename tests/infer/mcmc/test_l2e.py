@@ -180,8 +180,8 @@ def regression_data():
 
 def test_default_step_size_uses_the_models_n_and_is_deterministic():
     x, y = regression_data()
-    runs = [harness.run(L2E(regression_model, random_net(), num_steps_per_sample=4), 10, 5, 7,
-                        x, y) for _ in range(2)]
+    runs = [harness.run(L2E(regression_model, meta_params=random_net(),
+                            num_steps_per_sample=4), 10, 5, 7, x, y) for _ in range(2)]
     assert runs[0].kernel.step_size == pytest.approx(math.sqrt(2.0 / 200))
     assert runs[0].kernel._n == 200
     for site in ("w", "b"):
@@ -195,7 +195,7 @@ def test_kernel_pickles_for_worker_processes():
     import pickle
 
     x, y = regression_data()
-    kernel = L2E(regression_model, random_net(), num_steps_per_sample=2)
+    kernel = L2E(regression_model, meta_params=random_net(), num_steps_per_sample=2)
     clone = pickle.loads(pickle.dumps(kernel))
     a = harness.run(kernel, 5, 2, 0, x, y).get_samples()["w"]
     b = harness.run(clone, 5, 2, 0, x, y).get_samples()["w"]

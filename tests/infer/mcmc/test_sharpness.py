@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch import nn
 
+from pyro_flat.ascent import ASAM_OFFSET as GEOMETRY_ETA
 from pyro_flat.bnn import BNN
-from pyro_flat.infer.mcmc.sharpness import GEOMETRY_ETA, SASGLD, find_batchnorm
+from pyro_flat.infer.mcmc.sharpness import SASGLD, find_batchnorm
 from pyro_flat.likelihoods import HomoskedasticGaussian
 
 
@@ -121,22 +122,22 @@ def test_batchnorm_statistics_do_not_move_in_the_perturbed_pass():
     pyro.set_rng_seed(0)
     kernel.setup(0, x, y)
     batch = kernel._stream.next()
-    z0, before = kernel._z.clone(), bn_buffers(model)
+    z0, before = kernel.position.clone(), bn_buffers(model)
     kernel.potential_and_grad(batch)  # one unperturbed pass: the reference update
     one_pass = bn_buffers(model)
     assert not torch.equal(one_pass["net.1.running_mean"], before["net.1.running_mean"])
     for name, value in before.items():  # back to the start
         model.get_buffer(name).copy_(value)
-    kernel.gradient(batch)
-    assert kernel._perturbed and kernel._sharpness != 0.0
-    assert torch.equal(kernel._z, z0)  # parameters restored exactly
+    estimate = kernel.estimator(kernel.position, kernel.potential_and_grad, batch)
+    assert estimate.step_grad is not estimate.grad and estimate.stats["sharpness"] != 0.0
+    assert torch.equal(kernel.position, z0)  # parameters restored exactly
     for name, value in bn_buffers(model).items():
         assert torch.equal(value, one_pass[name]), name
     # the check can fail: without the protection the second pass moves the statistics
     for name, value in before.items():
         model.get_buffer(name).copy_(value)
-    kernel._bn = []
-    kernel.gradient(batch)
+    kernel.estimator.batchnorm_modules = []
+    kernel.estimator(kernel.position, kernel.potential_and_grad, batch)
     after = bn_buffers(model)
     assert not torch.equal(after["net.1.running_mean"], one_pass["net.1.running_mean"])
     assert int(after["net.1.num_batches_tracked"]) == int(one_pass["net.1.num_batches_tracked"]) + 1
@@ -187,5 +188,6 @@ def test_kernel_with_batchnorm_pickles():
     kernel = pickle.loads(pickle.dumps(SASGLD(model, step_size=1e-4, rho=0.1)))
     x, y = harness.linear_regression_data()
     mcmc = harness.run(kernel, 3, 0, 0, x, y)
-    assert len(kernel._bn) == 1 and kernel._bn[0] is kernel.model.net[1]
+    found = kernel.estimator.batchnorm_modules
+    assert len(found) == 1 and found[0] is kernel.model.net[1]
     assert stats_of(mcmc)["sharpness"].shape == (3,)

@@ -1,0 +1,128 @@
+r"""Vectorised chains: ``K`` chains of one kernel in one process, the potential of all of them
+evaluated at once.
+
+A kernel built with ``vectorized_chains=K`` keeps its position as a ``(K, d)`` tensor, one row
+per chain, and every state field with the same leading dimension. The model's potential is
+evaluated for all rows by :func:`torch.func.vmap` over the chains (each chain with its own
+minibatch), and one backward pass gives every chain's gradient (the chains are independent,
+so the gradient of the sum holds each row's gradient). Every update rule is elementwise or
+reduces over the last dimension only, so each row follows the single-chain rule.
+
+Each chain draws from its own random stream (:class:`ChainStreams`): chain ``k`` is seeded with
+``torch.initial_seed() + k``, the seed Pyro's ``MCMC(num_chains=K)`` gives chain ``k`` in a
+worker process, and consumes it in the order a single chain consumes torch's global stream
+(its initialisation, its auxiliary seed, then per step its minibatch and its noise). So chain
+``k`` is the chain of a single-chain run after ``pyro.set_rng_seed(torch.initial_seed() + k)``,
+draw for draw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pyro
+import torch
+from torch.func import vmap
+
+#: Seeds of chain k: ``(base + k) % MAX_SEED``, as Pyro seeds the chains of worker processes.
+MAX_SEED = 2**32 - 1
+
+
+class ChainStreams(Sequence[torch.Generator]):
+    """One ``torch.Generator`` per chain, seeded as Pyro seeds its worker processes' chains.
+
+    Parameters
+    ----------
+    num_chains : int
+        ``K``.
+    base_seed : int
+        Chain ``k`` starts as torch's global stream after ``torch.manual_seed(base_seed + k)``.
+    device : torch.device
+        The device of the generators (the data's).
+    """
+
+    def __init__(self, num_chains: int, base_seed: int, device: torch.device):
+        self.seeds = [(base_seed + k) % MAX_SEED for k in range(num_chains)]
+        self.generators = []
+        for seed in self.seeds:
+            g = torch.Generator(device=device)
+            g.manual_seed(seed)
+            self.generators.append(g)
+
+    def __len__(self) -> int:
+        return len(self.generators)
+
+    def __getitem__(self, k: int) -> torch.Generator:  # type: ignore[override]
+        return self.generators[k]
+
+    def __iter__(self) -> Iterator[torch.Generator]:
+        return iter(self.generators)
+
+    def run_as_global(self, k: int, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` with torch's global CPU stream in chain ``k``'s state, and keep the state
+        it leaves as chain ``k``'s (for set-up code that draws from the global stream: an
+        init strategy, a seed for an auxiliary stream)."""
+        g = self.generators[k]
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(g.get_state())
+            out = fn()
+            g.set_state(torch.get_rng_state())
+        return out
+
+    def get_state(self) -> list[torch.Tensor]:
+        return [g.get_state() for g in self.generators]
+
+    def set_state(self, states: Sequence[torch.Tensor]) -> None:
+        if len(states) != len(self.generators):
+            raise ValueError(f"the checkpoint holds {len(states)} chains' random streams, this "
+                             f"kernel runs {len(self.generators)} chains")
+        for g, s in zip(self.generators, states, strict=True):
+            g.set_state(s)
+
+
+def standard_normal_(noise: torch.Tensor,
+                     generator: torch.Generator | Sequence[torch.Generator | None] | None
+                     ) -> torch.Tensor:
+    """Fill ``noise`` with standard normal draws: from one stream (a generator, or ``None`` for
+    torch's global one), or row ``k`` from the ``k``-th of a sequence of streams, where a
+    ``None`` entry leaves its row at zero (a chain that skips its step draws nothing)."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return noise.normal_(generator=generator)
+    for row, g in zip(noise, generator, strict=True):
+        if g is None:
+            row.zero_()
+        else:
+            row.normal_(generator=g)
+    return noise
+
+
+class VectorizedPotential:
+    r"""The potentials of ``K`` chains of a Pyro model in one call: ``(K,)`` energies.
+
+    ``params`` hold one row per chain (``(K, *site_shape)``) and ``batch`` one row of
+    minibatch indices per chain (``(K, B)``) or ``None``. The model runs once, under
+    :func:`torch.func.vmap` over the chains; Pyro's argument validation, which branches on
+    values, is switched off inside (the values were validated when the kernel traced the
+    model). A model that draws random numbers in its forward pass (dropout) draws them from
+    torch's global stream, differently for each chain.
+    """
+
+    def __init__(self, potential: Callable[..., torch.Tensor], num_chains: int):
+        self.potential = potential
+        self.num_chains = num_chains
+
+    @property
+    def flat_prior(self) -> Any:
+        return getattr(self.potential, "flat_prior", None)
+
+    @property
+    def plate(self) -> Any:
+        return getattr(self.potential, "plate", None)
+
+    def __call__(self, params: dict[str, torch.Tensor], batch: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+        with pyro.validation_enabled(False):
+            if batch is None:
+                return vmap(lambda p: self.potential(p, None), randomness="different")(params)
+            return vmap(self.potential, randomness="different")(params, batch)

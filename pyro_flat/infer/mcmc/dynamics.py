@@ -1,0 +1,55 @@
+r"""The choice between the overdamped (Langevin) and underdamped (SGHMC) update, for kernels
+that offer both (EntropyMCMC, SASGLD): the argument, its stability condition and limit.
+
+``dynamics="langevin"`` (the default) moves :math:`\theta` by a Langevin step;
+``dynamics="underdamped"`` by an SGHMC step with ``friction`` :math:`C` and ``mass`` :math:`M`,
+whose per-step momentum decay :math:`\epsilon C / M` must lie in :math:`(0, 1]`. In SGHMC and
+L2E, which are underdamped by definition, ``friction`` is always in force; here it only
+applies to the underdamped form.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from pyro_flat import validation
+from pyro_flat.infer.mcmc import adaptation
+
+DYNAMICS = ("langevin", "underdamped")
+#: The friction of the underdamped form when none is given (SGHMC's default).
+DEFAULT_FRICTION = 1.0
+
+
+def resolve_dynamics(kernel: str, dynamics: str | None, friction: float | None
+                     ) -> tuple[str, float]:
+    """The checked ``(dynamics, friction)``.
+
+    ``friction`` given without ``dynamics`` is the form before ``dynamics`` existed, where a
+    friction switched the update to the underdamped one: it still does, with a
+    ``FutureWarning``.
+    """
+    if dynamics is None:
+        dynamics = "langevin"
+        if friction is not None:
+            warnings.warn(
+                f"{kernel}(friction=...) without dynamics= is deprecated: pass "
+                "dynamics='underdamped' as well (a friction alone selects the underdamped "
+                "update for now)", FutureWarning, stacklevel=3)
+            dynamics = "underdamped"
+    if dynamics not in DYNAMICS:
+        raise ValueError(f"dynamics must be one of {DYNAMICS}, got {dynamics!r}")
+    friction = DEFAULT_FRICTION if friction is None else validation.positive("friction", friction)
+    return dynamics, friction
+
+
+def check_underdamped_step(step_size: float, friction: float, mass: float) -> None:
+    """The momentum decay ``step_size * friction / mass`` must lie in ``(0, 1]``."""
+    validation.in_range("step_size * friction / mass", step_size * friction / mass, 0, 1,
+                        closed="(]")
+
+
+def stability_limit(dynamics: str, curvature: float, friction: float, mass: float) -> float:
+    """The largest stable step of either update on a quadratic of the given curvature."""
+    if dynamics == "langevin":
+        return adaptation.langevin_limit(curvature)
+    return adaptation.underdamped_limit(curvature, friction, mass)

@@ -1,0 +1,137 @@
+r"""Gradient estimators: what an SG-MCMC step moves with, apart from how it moves.
+
+An update rule (:mod:`~pyro_flat.infer.mcmc.integrators`) takes a gradient; an estimator says
+which gradient, the way BlackJAX keeps ``gradients.py`` apart from ``diffusions.py``. Each
+estimator is called once per SG step with the kernel's minibatch and returns an
+:class:`Estimate`: the minibatch potential :math:`\hat U(\theta)` and its gradient at the
+chain's position (which the per-draw statistics ``lp`` and ``grad_norm`` report for every
+kernel) and the gradient the update uses.
+
+* :class:`MinibatchGradient`: :math:`\nabla\hat U(\theta)` itself (SGLD, SGHMC, ...).
+* :class:`SharpnessAwareGradient`: :math:`\nabla\hat U(\theta + e)` at the ascent point
+  :math:`e` of :func:`pyro_flat.ascent.ascent_perturbation` (SAM's; SASGLD), a second pass on
+  the same minibatch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from pyro_flat.ascent import ASAM_OFFSET, asam_metric, ascent_perturbation
+from pyro_flat.batchnorm_state import kept_running_stats
+
+#: ``evaluate(batch) -> (U, grad U)`` at the current contents of the position, the gradient in
+#: a flat buffer that the next evaluation overwrites.
+Evaluate = Callable[[torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class Estimate:
+    """One SG step's evaluation of the potential.
+
+    Attributes
+    ----------
+    energy : torch.Tensor
+        :math:`\\hat U(\\theta)`, detached (the statistic ``lp`` is its negative).
+    grad : torch.Tensor
+        :math:`\\nabla\\hat U(\\theta)`, flat (its norm is the statistic ``grad_norm``).
+    step_grad : torch.Tensor
+        The gradient the update moves with (``grad`` itself for a plain estimator). An
+        estimator that needs a second pass returns the second pass as ``energy`` and ``grad``
+        when it is not finite, so that a step is finite exactly when ``energy`` and the norm
+        of ``grad`` are.
+    stats : dict
+        The estimator's own per-step statistics (e.g. ``sharpness``).
+    """
+
+    energy: torch.Tensor
+    grad: torch.Tensor
+    step_grad: torch.Tensor
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+class MinibatchGradient:
+    r"""The plain minibatch gradient :math:`\nabla\hat U(\theta)`: one pass per step."""
+
+    stat_names: tuple[str, ...] = ()
+
+    def __call__(self, position: torch.Tensor, evaluate: Evaluate,
+                 batch: torch.Tensor | None) -> Estimate:
+        u, grad = evaluate(batch)
+        return Estimate(u, grad, grad)
+
+
+class SharpnessAwareGradient:
+    r"""The gradient at the ascent point of a ball of radius :math:`\rho`, on one minibatch.
+
+    .. math:: g = \nabla\hat U(\theta), \qquad e = \rho\,\frac{D g}{\sqrt{g^\top D g}},
+        \qquad \text{step gradient} = \nabla\hat U(\theta + e)
+
+    with :math:`D = I` (the Euclidean ball, SAM's) or :math:`D = (|\theta| + \eta)^2` with
+    ``geometry=True`` (ASAM's ellipsoid, :math:`\eta` = :data:`pyro_flat.ascent.ASAM_OFFSET`);
+    see :func:`pyro_flat.ascent.ascent_perturbation`. A
+    zero gradient gives :math:`e = 0` (no second pass), ``rho = 0`` never runs one. The running
+    statistics of ``batchnorm_modules`` are kept through the second pass, so they move once per
+    step, as under the plain gradient. The per-step statistic ``sharpness`` is
+    :math:`\hat U(\theta + e) - \hat U(\theta)`. Two passes per step.
+
+    Parameters
+    ----------
+    rho : float
+        :math:`\rho \ge 0`.
+    geometry : bool
+        The geometry-aware ellipsoid instead of the Euclidean ball.
+    batchnorm_modules : sequence of torch.nn.Module
+        BatchNorm modules whose running statistics the second pass must not move.
+
+    References
+    ----------
+    Foret, P., Kleiner, A., Mobahi, H. & Neyshabur, B. (2021). Sharpness-aware minimization for
+    efficiently improving generalization. ICLR.
+    """
+
+    stat_names: tuple[str, ...] = ("sharpness",)
+
+    def __init__(self, rho: float, geometry: bool = False,
+                 batchnorm_modules: Sequence[nn.Module] = ()):
+        self.rho = rho
+        self.geometry = geometry
+        self.batchnorm_modules = list(batchnorm_modules)
+        self._buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def _work_buffers(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self._buffers is None or self._buffers[0].shape != like.shape:
+            self._buffers = (torch.empty_like(like), torch.empty_like(like), torch.empty_like(like))
+        return self._buffers
+
+    def __call__(self, position: torch.Tensor, evaluate: Evaluate,
+                 batch: torch.Tensor | None) -> Estimate:
+        u, g = evaluate(batch)
+        if self.rho == 0.0:
+            return Estimate(u, g, g, {"sharpness": 0.0})
+        grad_at_theta, e, theta = self._work_buffers(position)
+        grad_at_theta.copy_(g)
+        metric = asam_metric([position], ASAM_OFFSET, out=[e]) if self.geometry else None
+        if not (math.isfinite(float(u)) and ascent_perturbation(
+                [grad_at_theta], self.rho, metric=metric, out=[e]) is not None):
+            # non-finite (the kernel stops or falls back) or zero gradient (e = 0)
+            sharpness = 0.0 if math.isfinite(float(u)) else math.nan
+            return Estimate(u, g, g, {"sharpness": sharpness})
+        theta.copy_(position)
+        try:
+            with kept_running_stats(self.batchnorm_modules):
+                position.add_(e)
+                u_e, g_e = evaluate(batch)
+        finally:
+            position.copy_(theta)  # exact restore, not theta + e - e
+        sharpness = float(u_e - u)
+        if not (math.isfinite(float(u_e)) and bool(torch.isfinite(g_e).all())):
+            # the step is non-finite: report the perturbed pass, whose sites are the culprits
+            return Estimate(u_e, g_e, g_e, {"sharpness": sharpness})
+        return Estimate(u, grad_at_theta, g_e, {"sharpness": sharpness})
+
