@@ -160,7 +160,7 @@ def to_arviz(
         all_samples = _draws_as_one_chain(source)
         stats, attrs = {}, {**_library_attrs(), "pyro_flat_source": "draws"}
     else:
-        all_samples = source.get_samples(group_by_chain=True)
+        all_samples, chain_diagnostics = _chains(source)
         if all_samples is None:
             raise ValueError("mcmc holds no samples: call mcmc.run(...) before to_arviz")
         if model is None:
@@ -175,7 +175,7 @@ def to_arviz(
 
     groups = {"posterior": {name: _numpy(value)[:, ::thin] for name, value in samples.items()}}
     if not isinstance(source, Mapping):
-        stats = _sample_stats(getattr(source, "_diagnostics", None), num_draws)
+        stats = _sample_stats(chain_diagnostics, num_draws)
     if stats:
         groups["sample_stats"] = {name: value[:, ::thin] for name, value in stats.items()}
 
@@ -247,15 +247,86 @@ def sample_stats(mcmc: MCMC, *, group_by_chain: bool = False) -> dict[str, torch
     >>> {name: tuple(value.shape) for name, value in sample_stats(mcmc).items()}
     {'lp': (50,), 'step_size': (50,), 'grad_norm': (50,), 'diverging': (50,)}
     """
-    samples = mcmc.get_samples(group_by_chain=True)
+    samples, diagnostics = _chains(mcmc)
     if not samples:
         raise ValueError("mcmc holds no samples: call mcmc.run(...) before sample_stats")
     num_draws = next(iter(samples.values())).shape[1]
-    stats = _sample_stats(getattr(mcmc, "_diagnostics", None), num_draws)
+    stats = _sample_stats(diagnostics, num_draws)
     out = {name: torch.as_tensor(value) for name, value in stats.items()}
     if not group_by_chain:
         out = {name: value.reshape(-1, *value.shape[2:]) for name, value in out.items()}
     return out
+
+
+def get_samples(mcmc: MCMC, *, group_by_chain: bool = False) -> dict[str, torch.Tensor]:
+    """The draws of a finished run, every chain as a chain: ``mcmc.get_samples`` with the
+    chains of a kernel built with ``vectorized_chains=K`` counted as chains.
+
+    A kernel with ``vectorized_chains=K`` returns each draw with a leading dimension ``K``, so
+    Pyro's ``mcmc.get_samples()`` holds ``(num_chains * draws, K, ...)``; here the ``K``
+    vectorised chains of each of Pyro's chains become chains of their own, in the order of
+    :func:`sample_stats` and :func:`to_arviz`. For any other run it is ``mcmc.get_samples``.
+
+    Parameters
+    ----------
+    mcmc : pyro.infer.MCMC
+        A run, i.e. after ``mcmc.run(...)``.
+    group_by_chain : bool
+        ``False`` (default): ``(chains * draws, ...)``, chains one after another; ``True``:
+        ``(chains, draws, ...)``.
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> from pyro.infer import MCMC
+    >>> from pyro_flat import get_samples
+    >>> from pyro_flat.infer import SGLD
+    >>> def model(y):
+    ...     mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    ...     with pyro.plate("data", len(y)):
+    ...         pyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+    >>> mcmc = MCMC(SGLD(model, step_size=1e-2, vectorized_chains=4), num_samples=50,
+    ...             disable_progbar=True)
+    >>> mcmc.run(torch.randn(20))
+    >>> tuple(mcmc.get_samples()["mu"].shape)  # Pyro's: one chain of draws with 4 rows
+    (50, 4)
+    >>> tuple(get_samples(mcmc, group_by_chain=True)["mu"].shape)  # 4 chains of 50 draws
+    (4, 50)
+    """
+    samples, _ = _chains(mcmc)
+    if samples is None:
+        raise ValueError("mcmc holds no samples: call mcmc.run(...) before get_samples")
+    if not group_by_chain:
+        samples = {name: v.reshape(-1, *v.shape[2:]) for name, v in samples.items()}
+    return samples
+
+
+def _chains(mcmc: MCMC) -> tuple[dict[str, torch.Tensor] | None, list[Any]]:
+    """``(draws grouped by chain, per-chain diagnostics)`` with the ``K`` vectorised chains of
+    each of Pyro's chains as chains of their own (chain ``c * K + k``)."""
+    samples = mcmc.get_samples(group_by_chain=True)
+    diagnostics = list(getattr(mcmc, "_diagnostics", None) or [])
+    ks = {d.get("vectorized_chains") for d in diagnostics if isinstance(d, Mapping)}
+    if not samples or ks in (set(), {None}):
+        return samples, diagnostics
+    if len(ks) != 1:
+        raise ValueError(f"the chains of this run differ in vectorized_chains: {ks}")
+    k = ks.pop()
+    out = {}
+    for name, value in samples.items():
+        c, s = value.shape[:2]
+        out[name] = value.movedim(2, 1).reshape(c * k, s, *value.shape[3:])
+    unfolded = []
+    for diag in diagnostics:
+        stats = diag.get("sample_stats") or {}
+        for j in range(k):
+            one = {key: v for key, v in diag.items() if key != "sample_stats"}
+            one["sample_stats"] = {name: v[:, j] for name, v in stats.items()}
+            if "diverging" in one["sample_stats"]:
+                one["divergences"] = torch.nonzero(one["sample_stats"]["diverging"]).flatten(
+                ).tolist()
+            unfolded.append(one)
+    return out, unfolded
 
 
 def _draws_as_one_chain(draws: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -464,7 +535,7 @@ def _library_attrs() -> dict[str, Any]:
 def _attrs(mcmc: MCMC) -> dict[str, Any]:
     """Provenance attributes: the inference library, its version and the kernel."""
     attrs: dict[str, Any] = {**_library_attrs(), "pyro_flat_kernel": type(mcmc.kernel).__name__}
-    diagnostics = getattr(mcmc, "_diagnostics", None) or []
+    diagnostics = _chains(mcmc)[1]
     steps = [d.get("num_sg_steps") if isinstance(d, Mapping) else None for d in diagnostics]
     if steps and all(isinstance(s, int | np.integer) for s in steps):
         attrs["num_sg_steps"] = [int(s) for s in steps]

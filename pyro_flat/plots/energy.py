@@ -24,7 +24,9 @@ def energy_pdf(diagnostics: Mapping[str, Any], *, ax: Any = None, log: bool = Tr
     ----------
     diagnostics : dict
         ``kernel.diagnostics()`` after the run: needs ``"energy_pdf"``,
-        ``"energy_edges"`` and ``"sample_stats"["energy"]``. With ``vectorized_chains`` the
+        ``"energy_edges"`` and ``"sample_stats"["energy"]``. (With ``vectorized_chains`` and
+        ``auto_bins`` each chain places its own bins: then chain 0 is drawn.) With
+        ``vectorized_chains`` the
         chains' ``g`` are averaged and their energies pooled.
     log : bool
         Logarithmic density axis (``g`` spans many orders of magnitude).
@@ -42,10 +44,14 @@ def energy_pdf(diagnostics: Mapping[str, Any], *, ax: Any = None, log: bool = Tr
                          "'energy_pdf', 'energy_edges' and sample_stats['energy']") from None
     if edges is None:
         raise ValueError("the energy bins are not placed yet (auto_bins: run warmup first)")
-    if g.dim() == 2:  # vectorized_chains: (chains, bins)
+    edges = torch.as_tensor(edges, dtype=torch.float64)
+    if edges.dim() == 2:  # vectorized_chains: each chain's bins, (chains, bins + 1)
+        if not bool((edges == edges[0]).all()):  # auto_bins placed them chain by chain
+            g, energies = g[0], energies[:, 0]
+        edges = edges[0]
+    if g.dim() == 2:  # vectorized_chains with shared bins: (chains, bins)
         g = g.mean(0)
     energies = energies.reshape(-1)
-    edges = torch.as_tensor(edges, dtype=torch.float64)
     width = edges[1:] - edges[:-1]
     ax, fig = axes_and_figure(ax, figsize=(5.0, 3.5))
     finite = energies[torch.isfinite(energies)]

@@ -81,7 +81,12 @@ class DiagonalMetric:
 
     @classmethod
     def from_moments(cls, second_moment: torch.Tensor) -> DiagonalMetric:
-        """:math:`P = 1/\\max(v, 10^{-4}\\,\\mathrm{median}(v))`, normalised to mean 1."""
+        """:math:`P = 1/\\max(v, 10^{-4}\\,\\mathrm{median}(v))`, normalised to mean 1 (row by row
+        for vectorised chains, ``v`` of shape ``(K, d)``)."""
+        if second_moment.dim() > 1:
+            rows = [cls.from_moments(v) for v in second_moment]
+            return cls(torch.stack([r.inverse_mass for r in rows]),
+                       torch.stack([r.scale for r in rows]))
         floor = MOMENT_FLOOR * float(second_moment.median())
         v = second_moment.clamp(min=floor if floor > 0 else torch.finfo(second_moment.dtype).tiny)
         inverse_mass = v.reciprocal()

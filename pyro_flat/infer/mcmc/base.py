@@ -27,6 +27,7 @@ from pyro_flat import validation
 from pyro_flat.batchnorm_state import find_batchnorm, kept_running_stats
 from pyro_flat.infer.mcmc import adaptation
 from pyro_flat.infer.mcmc.adaptation import DiagonalMetric
+from pyro_flat.infer.mcmc.chains import ChainStreams, VectorizedPotential
 from pyro_flat.infer.mcmc.estimators import Estimate, MinibatchGradient
 from pyro_flat.infer.mcmc.layout import FlatLayout, Site
 from pyro_flat.infer.mcmc.minibatch import MinibatchStream
@@ -44,13 +45,33 @@ _LOG = logging.getLogger("pyro_flat.adaptation")
 
 
 class _UserPotential:
-    """Adapts a user's ``potential_fn(params) -> U`` to the kernels' ``(params, batch)`` call."""
+    """Adapts a user's ``potential_fn(params) -> U`` to the kernels' ``(params, batch)`` call
+    (with ``num_chains``, a batched ``potential_fn`` that returns one energy per chain)."""
 
-    def __init__(self, potential_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor]):
+    def __init__(self, potential_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor],
+                 num_chains: int | None = None):
         self.potential_fn = potential_fn
+        self.num_chains = num_chains
 
     def __call__(self, params: dict[str, torch.Tensor], batch: Any = None) -> torch.Tensor:
-        return self.potential_fn(params)
+        u = self.potential_fn(params)
+        if self.num_chains is not None and torch.as_tensor(u).shape != (self.num_chains,):
+            raise ValueError(
+                f"vectorized_chains={self.num_chains}: the potential_fn must return one energy "
+                f"per chain, shape ({self.num_chains},), got {tuple(torch.as_tensor(u).shape)}")
+        return u
+
+
+def _per_chain_shapes(shapes: dict[str, torch.Size], k: int) -> dict[str, torch.Size]:
+    """Site shapes without the leading chain dimension of a vectorised ``potential_fn``."""
+    out = {}
+    for name, shape in shapes.items():
+        if len(shape) == 0 or shape[0] != k:
+            raise ValueError(f"vectorized_chains={k}: every site needs a leading dimension of "
+                             f"size {k} (one row per chain), site {name!r} has shape "
+                             f"{tuple(shape)}")
+        out[name] = shape[1:]
+    return out
 
 
 class SGMCMCKernel(MCMCKernel):
@@ -108,6 +129,19 @@ class SGMCMCKernel(MCMCKernel):
     stability_fraction : float
         The adapted step size as a fraction of the stability limit, in ``(0, 1)``; smaller is
         a smaller discretisation bias and slower mixing. Used only when warmup adapts.
+    vectorized_chains : int, optional
+        ``K``: run ``K`` independent chains in this one kernel, the potential of all of them
+        evaluated at once (:mod:`~pyro_flat.infer.mcmc.chains`: ``torch.func.vmap`` over the
+        chains of a model, each with its own minibatch; a ``potential_fn`` must then take
+        parameters with a leading dimension ``K`` and return ``K`` energies, and its
+        ``initial_params`` have that leading dimension). Chain ``k`` draws from its own random
+        stream, seeded with ``torch.initial_seed() + k`` as Pyro seeds chain ``k`` of
+        ``MCMC(num_chains=K)`` in a worker process, and is draw for draw the single-chain run
+        after ``pyro.set_rng_seed(torch.initial_seed() + k)``. Draws have a leading dimension
+        ``K`` (``mcmc.get_samples()`` gives ``(draws, K, ...)``), statistics are
+        ``(draws, K)``; :func:`pyro_flat.to_arviz`, :func:`pyro_flat.get_samples` and
+        :func:`pyro_flat.sample_stats` give ``K`` chains. With warmup adaptation all chains take
+        the smallest of their step sizes (each chain keeps its own diagonal metric).
 
     Notes
     -----
@@ -145,6 +179,7 @@ class SGMCMCKernel(MCMCKernel):
         max_nonfinite_steps: int = 100,
         preconditioner: str | None = None,
         stability_fraction: float = 0.2,
+        vectorized_chains: int | None = None,
     ):
         if (model is None) == (potential_fn is None):
             raise ValueError("give exactly one of model and potential_fn")
@@ -200,6 +235,8 @@ class SGMCMCKernel(MCMCKernel):
         self.stability_fraction = validation.in_range(
             "stability_fraction", stability_fraction, 0.0, 1.0, closed="()"
         )
+        self.vectorized_chains = None if vectorized_chains is None else (
+            validation.integer_at_least("vectorized_chains", vectorized_chains, 1))
         self.metric: DiagonalMetric | None = None
         self._adapted_step_size: float | None = None
         self._kernel_initial_params = initial_params
@@ -276,42 +313,76 @@ class SGMCMCKernel(MCMCKernel):
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
         self._warmup_steps = warmup_steps
         self._draw = 0
+        k = self.vectorized_chains
+        device = _device_of(args, kwargs)
+        # Vectorised chains: one random stream per chain, each consumed as a single chain
+        # consumes torch's global one (see chains.py); a single chain uses the global stream.
+        self.chain_streams = None if k is None else ChainStreams(k, torch.initial_seed(), device)
         self._stream: MinibatchStream | None = None
+        self._streams: list[MinibatchStream] = []
         if self.model is not None:
             _check_finite_arguments(args, kwargs)
             if self.init_strategy is None:
                 from pyro_flat.nn import init_to_network as init_strategy
             else:
                 init_strategy = self.init_strategy
-            layout, init, plate, flat_prior = trace_model(
-                self.model, args, kwargs, init_strategy, self.subsample_size, self.data_plate
-            )
+
+            def trace() -> tuple:
+                return trace_model(self.model, args, kwargs, init_strategy,
+                                   self.subsample_size, self.data_plate)
+
+            if k is None:
+                layout, init, plate, flat_prior = trace()
+                inits = [init]
+            else:
+                traced = [self.chain_streams.run_as_global(c, trace) for c in range(k)]
+                layout, _, plate, flat_prior = traced[0]
+                inits = [t[1] for t in traced]
             self.potential = ModelPotential(self.model, args, kwargs, layout, plate, flat_prior)
+            if k is not None:
+                self.potential = VectorizedPotential(self.potential, k)
             self.transforms = {s.name: s.transform.inv for s in layout.sites if s.transform}
             if plate is not None:
-                device = _device_of(args, kwargs)
-                self._stream = MinibatchStream(plate.size, plate.batch_size, device)
+                generators = [None] if k is None else list(self.chain_streams)
+                self._streams = [MinibatchStream(plate.size, plate.batch_size, device, g)
+                                 for g in generators]
+                self._stream = self._streams[0]
         else:
             init = self._user_initial_params or self._kernel_initial_params
             if init is None:
                 raise ValueError("a potential_fn needs initial_params, in the kernel or in MCMC")
-            layout = FlatLayout.from_shapes({k: v.shape for k, v in init.items()})
-            self.potential = _UserPotential(self.potential_fn)
+            shapes = {name: v.shape for name, v in init.items()}
+            if k is not None:
+                shapes = _per_chain_shapes(shapes, k)
+            layout = FlatLayout.from_shapes(shapes)
+            self.potential = _UserPotential(self.potential_fn, k)
+            inits = [init] if k is None else [{n: v[c] for n, v in init.items()}
+                                               for c in range(k)]
         self._layout = layout
 
         # A second random stream, for kernels that draw noise for auxiliary variables: seeded
         # from the main one so that runs are reproducible under pyro.set_rng_seed, and separate
         # so that the main stream (minibatches, noise of the parameters) is the same for all
         # kernels.
-        self.aux_generator = torch.Generator(device=_device_of(args, kwargs))
-        self.aux_generator.manual_seed(int(torch.randint(2**62, ())))
+        def aux_seed() -> int:
+            return int(torch.randint(2**62, ()))
+
+        # (each vectorised chain draws it from its stream, as its single chain would; the
+        # chains share chain 0's)
+        seeds = [aux_seed()] if k is None else [self.chain_streams.run_as_global(c, aux_seed)
+                                                 for c in range(k)]
+        self.aux_generator = torch.Generator(device=device)
+        self.aux_generator.manual_seed(seeds[0])
         saved, self._resume_state = self._resume_state, None
         self._reset_adaptation()
         if saved is not None:
             z = self._restore(saved)
         else:
-            init = self._user_initial_params or self._kernel_initial_params or init
-            z = layout.flatten(init).to(next(iter(init.values())).dtype)
+            given = self._user_initial_params or self._kernel_initial_params
+            if given is not None and self.model is not None:
+                inits = self._chain_inits(given)
+            z = torch.stack([layout.flatten(i) for i in inits])
+            z = (z[0] if k is None else z).to(next(iter(inits[0].values())).dtype)
             self._t = 0
             self.state = KernelState.create(z, self.state_fields)
         self._plan_adaptation(warmup_steps, z)
@@ -319,23 +390,44 @@ class SGMCMCKernel(MCMCKernel):
         self._z = z
         self._grad = torch.empty_like(z)
         self._z_finite = z.detach().clone()
-        self._leaves = [
-            z[s.offset : s.stop].view(s.shape).detach().requires_grad_() for s in layout.sites
-        ]
+        self._leaves = [z[..., s.offset : s.stop].view((*z.shape[:-1], *s.shape)).detach()
+                        .requires_grad_() for s in layout.sites]
         self._params = {s.name: leaf for s, leaf in zip(layout.sites, self._leaves, strict=True)}
         names = tuple(dict.fromkeys(self.stat_names + self.estimator.stat_names))
         self.recorder = DrawRecorder(names, self.stat_dtypes)
-        self._nonfinite = 0
-        self._recent_nonfinite: deque[bool] = deque(maxlen=2 * self.max_nonfinite_steps)
-        self._num_recent_nonfinite = 0
+        self._recent_nonfinite: deque[Any] = deque(maxlen=2 * self.max_nonfinite_steps)
+        if k is None:
+            self._nonfinite: Any = 0
+            self._num_recent_nonfinite: Any = 0
+        else:
+            self._nonfinite = torch.zeros(k, dtype=torch.long)
+            self._num_recent_nonfinite = torch.zeros(k, dtype=torch.long)
         self._num_diverging = 0
         self._last = (math.nan, math.nan, math.nan)
-        self._step_stats: dict[str, float] = {}
+        self._step_stats: dict[str, Any] = {}
+        #: During the update of vectorised chains: which chains take the step (``None``: all).
+        self.active_chains: torch.Tensor | None = None
         self._rng_at_end: tuple[int, Any] | None = None
         self._draw_layout = self._make_draw_layout()
         self._last_flat = self._draw_state()
-        self._initial_params = self._draw_layout.views(self._last_flat)
+        self._initial_params = self._draw_views(self._last_flat)
         self._last_draw = self._initial_params
+
+    def _chain_inits(self, given: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        """User-given initial values: one per chain (a leading dimension ``K``) or one for all."""
+        k = self.vectorized_chains
+        if k is None:
+            return [given]
+        inits = []
+        for c in range(k):
+            init = {}
+            for s in self._layout.sites:
+                v = given.get(s.name)
+                if v is not None and v.shape == (k, *s.shape):
+                    v = v[c]
+                init[s.name] = v
+            inits.append({n: v for n, v in init.items() if v is not None})
+        return inits
 
     @property
     def position(self) -> torch.Tensor:
@@ -370,6 +462,8 @@ class SGMCMCKernel(MCMCKernel):
         self._estimate_at = adaptation.estimate_points(warmup_steps)
         if self.preconditioner == "diag":
             self._moment_sum = torch.zeros_like(z)
+            if z.dim() > 1:  # vectorised chains: a chain that skips a step does not count it
+                self._moment_count = torch.zeros(*z.shape[:-1], 1, dtype=z.dtype)
 
     def potential_of(
         self, params: dict[str, torch.Tensor], batch: torch.Tensor | None
@@ -377,33 +471,39 @@ class SGMCMCKernel(MCMCKernel):
         r""":math:`\hat U` of ``params`` (unconstrained, per site) on ``batch``, differentiable
         (twice): the model's potential plus the closed-form prior the hot path adds."""
         u = torch.as_tensor(self.potential(params, batch))
+        lead = self._z.shape[:-1]
         if u.dim():
-            u = _as_scalar(u)
+            u = u.sum() if lead else _as_scalar(u)  # chains are independent: sum their U
         flat_prior = getattr(self.potential, "flat_prior", None)
         if flat_prior is not None:
-            z = torch.cat([params[s.name].reshape(-1) for s in self._layout.sites])
+            z = torch.cat([params[s.name].reshape(*lead, -1) for s in self._layout.sites],
+                          dim=-1)
             d = z - flat_prior.loc
             u = u + 0.5 * (d * flat_prior.precision * d).sum()
         return u
 
     def _top_curvature(self) -> float:
         """The largest |eigenvalue| of the minibatch Hessian (of :math:`P^{1/2} H P^{1/2}` with a
-        metric), by :func:`pyro_flat.flatness.hessian_top_eigenvalue`."""
+        metric), by :func:`pyro_flat.flatness.hessian_top_eigenvalue`. For vectorised chains,
+        the Hessian of the sum of their potentials, block-diagonal: the largest over chains."""
         from pyro_flat.flatness import hessian_top_eigenvalue
 
         rng = pyro.util.get_rng_state()
+        streams = None if self.chain_streams is None else self.chain_streams.get_state()
         try:
-            batch = self._stream.peek() if self._stream is not None else None
+            batch = self._peek_batch()
         finally:
             pyro.util.set_rng_state(rng)
-        scale = None if self.metric is None else self._layout.views(self.metric.scale)
+            if streams is not None:
+                self.chain_streams.set_state(streams)
+        scale = None if self.metric is None else self._site_views(self.metric.scale)
 
         def potential(phi: dict[str, torch.Tensor]) -> torch.Tensor:
             params = phi if scale is None else {k: v * scale[k] for k, v in phi.items()}
             return self.potential_of(params, batch)
 
         start = {k: v.detach() if scale is None else v.detach() / scale[k]
-                 for k, v in self._layout.views(self._z).items()}
+                 for k, v in self._site_views(self._z).items()}
         generator = torch.Generator().manual_seed(2_654_435_761 + self._t)
         with kept_running_stats(find_batchnorm(self.model)):
             curvature, _ = hessian_top_eigenvalue(
@@ -414,11 +514,12 @@ class SGMCMCKernel(MCMCKernel):
     def _adapt(self) -> None:
         """Re-estimate the step size (and the metric) at this warmup draw."""
         self._estimate_at.pop(0)
-        if self._moment_sum is not None and self._moment_count:
+        if self._moment_sum is not None and bool(torch.all(torch.as_tensor(self._moment_count)
+                                                          > 0)):
             self.metric = DiagonalMetric.from_moments(self._moment_sum / self._moment_count)
             if self._metric_from_start:  # forget the first window, the transient from the start
                 self._moment_sum.zero_()
-                self._moment_count = 0
+                self._moment_count = self._moment_count * 0
                 self._metric_from_start = False
         if not self._estimate_at:
             self._moment_sum = None  # the metric is frozen from here on
@@ -467,15 +568,37 @@ class SGMCMCKernel(MCMCKernel):
         if not fields:
             return self._z.detach().clone()
         return torch.cat([self._z.detach()] + [getattr(self.state, f.name).detach()
-                                               for f in fields])
+                                               for f in fields], dim=-1)
+
+    def _site_views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The model's sites as views of a flat tensor of the position's shape."""
+        lead = flat.shape[:-1]
+        return {s.name: flat[..., s.offset : s.stop].view((*lead, *s.shape))
+                for s in self._layout.sites}
+
+    def _draw_views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A draw's sites as views of its flat copy (with a leading chain dimension for
+        vectorised chains)."""
+        if flat.dim() == 1:
+            return self._draw_layout.views(flat)
+        lead = flat.shape[:-1]
+        return {s.name: flat[..., s.offset : s.stop].view((*lead, *s.shape))
+                for s in self._draw_layout.sites}
+
+    def _flatten_draw(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.vectorized_chains is None:
+            return self._layout.flatten(values)
+        k = self.vectorized_chains
+        return torch.stack([self._layout.flatten({n: v[c] for n, v in values.items()})
+                            for c in range(k)])
 
     def _load_draw(self, params: dict[str, torch.Tensor]) -> None:
-        self._z.copy_(self._layout.flatten(params))
+        self._z.copy_(self._flatten_draw(params))
         for f in self.state.draw_fields():
             copy = getattr(self.state, f.name)
             names = [s.name + f.draws_suffix for s in self._layout.sites]
             if all(n in params for n in names):
-                copy.copy_(self._layout.flatten(
+                copy.copy_(self._flatten_draw(
                     {s.name: params[n] for s, n in zip(self._layout.sites, names, strict=True)}
                 ))
             else:  # e.g. user-given initial values of the model's sites only
@@ -484,16 +607,18 @@ class SGMCMCKernel(MCMCKernel):
     def sample(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if params is not self._last_draw:
             self._load_draw(params)
-        self._diverged = False
+        k = self.vectorized_chains
+        self._diverged = False if k is None else torch.zeros(k, dtype=torch.bool)
         if self._estimate_at and self._draw == self._estimate_at[0]:
             self._adapt()
+        step = self._sg_step if k is None else self._sg_step_chains
         for _ in range(self.steps_for_next_draw()):
-            self._sg_step()
+            step()
         if self._draw >= self._warmup_steps:
             self._record_draw()
         self._draw += 1
         self._last_flat = self._draw_state()
-        self._last_draw = self._draw_layout.views(self._last_flat)
+        self._last_draw = self._draw_views(self._last_flat)
         return self._last_draw
 
     def logging(self) -> OrderedDict:
@@ -517,8 +642,10 @@ class SGMCMCKernel(MCMCKernel):
             out["step_size_adaptation"] = [dict(r) for r in self._adaptation_log]
         if self.metric is not None:
             out["inverse_mass"] = {
-                k: v.clone() for k, v in self._layout.views(self.metric.inverse_mass).items()
+                k: v.clone() for k, v in self._site_views(self.metric.inverse_mass).items()
             }
+        if self.vectorized_chains is not None:
+            out["vectorized_chains"] = self.vectorized_chains
         return out
 
     def cleanup(self) -> None:
@@ -531,6 +658,8 @@ class SGMCMCKernel(MCMCKernel):
             return  # not run, or this run ended already
         self._complete_last_draw()
         self._rng_at_end = (self._t, pyro.util.get_rng_state())
+        if self.chain_streams is not None:
+            self._chain_rng_at_end = (self._t, self.chain_streams.get_state())
         stats = self.recorder.tensors()
         if "diverging" not in stats or not len(stats["diverging"]):
             return
@@ -570,13 +699,16 @@ class SGMCMCKernel(MCMCKernel):
     def potential_and_grad(
         self, batch: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(U, grad U)`` at the current parameters; the gradient is written to a flat buffer."""
+        """``(U, grad U)`` at the current parameters; the gradient is written to a flat buffer.
+        With vectorised chains ``U`` holds one energy per chain and the gradient one row."""
+        chains = self._z.shape[:-1]
         with torch.enable_grad():
             u = torch.as_tensor(self.potential(self._params, batch))
-            if u.dim():
+            if u.dim() and not chains:
                 u = _as_scalar(u)
+            total = u.sum() if chains else u
             if u.requires_grad:
-                grads = torch.autograd.grad(u, self._leaves, allow_unused=True)
+                grads = torch.autograd.grad(total, self._leaves, allow_unused=True)
             else:
                 grads = [None] * len(self._leaves)
         if any(g is None for g in grads):
@@ -584,7 +716,7 @@ class SGMCMCKernel(MCMCKernel):
                 torch.zeros_like(x) if g is None else g
                 for g, x in zip(grads, self._leaves, strict=True)
             ]
-        torch.cat([g.reshape(-1) for g in grads], out=self._grad)
+        torch.cat([g.reshape(*chains, -1) for g in grads], dim=-1, out=self._grad)
         u = u.detach()
         flat_prior = getattr(self.potential, "flat_prior", None)
         if flat_prior is not None:
@@ -617,7 +749,7 @@ class SGMCMCKernel(MCMCKernel):
 
     def _sg_step(self) -> None:
         eps = self.current_step_size()
-        batch = self._stream.next() if self._stream is not None else None
+        batch = self._next_batch()
         estimate = self.estimator(self._z, self.potential_and_grad, batch)
         u, gnorm = float(estimate.energy), float(torch.linalg.vector_norm(estimate.grad))
         finite = math.isfinite(u) and math.isfinite(gnorm)
@@ -649,17 +781,85 @@ class SGMCMCKernel(MCMCKernel):
         self._t += 1
         self._last = (u, gnorm, eps)
 
+    def _sg_step_chains(self) -> None:
+        """One SG step of vectorised chains: :meth:`_sg_step` row by row, in one update. A
+        chain whose potential or gradient is not finite skips the step (its rows of the state
+        are kept as they were, it draws no noise) and falls back as a single chain does."""
+        eps = self.current_step_size()
+        batch = self._next_batch()
+        estimate = self.estimator(self._z, self.potential_and_grad, batch)
+        gnorm = torch.linalg.vector_norm(estimate.grad, dim=-1)
+        finite = torch.isfinite(estimate.energy + gnorm)
+        all_finite = bool(finite.all())
+        if self.recorder.pending:
+            self._close_draw(estimate.energy.tolist(), gnorm.tolist(), finite.tolist())
+        # the last 2 * max_nonfinite_steps steps' non-finite chains (None: none was)
+        recent = self._recent_nonfinite
+        if len(recent) == recent.maxlen and recent[0] is not None:
+            self._num_recent_nonfinite -= recent[0].long()
+        bad = None if all_finite else ~finite
+        recent.append(bad)
+        self._step_stats = estimate.stats
+        state = self.state
+        if all_finite:
+            self._z_finite.copy_(self._z)
+            if self._moment_sum is not None:
+                self._moment_sum.addcmul_(estimate.grad, estimate.grad)
+                self._moment_count += 1
+            self.update(state, estimate, eps)
+            self._nonfinite.zero_()
+        else:
+            self._num_recent_nonfinite += bad.long()
+            self._diverged |= bad
+            self._num_diverging += int(bad.sum())
+            self._nonfinite = torch.where(bad, self._nonfinite + 1, 0)
+            stopped = torch.nonzero(self._num_recent_nonfinite >= self.max_nonfinite_steps)
+            if len(stopped):
+                c = int(stopped[0])
+                raise RuntimeError(self._divergence_message(float(estimate.energy[c]),
+                                                            estimate.grad[c], c))
+            self._z_finite[finite] = self._z[finite]
+            if self._moment_sum is not None:
+                self._moment_sum[finite] += estimate.grad[finite].square()
+                self._moment_count += finite.unsqueeze(-1).to(self._moment_sum.dtype)
+            kept = {f.name: getattr(state, f.name)[bad].clone() for f in state.fields
+                    if f.persistent and _has_chain_rows(getattr(state, f.name), len(bad))}
+            self.active_chains = finite
+            try:
+                self.update(state, estimate, eps)
+            finally:
+                self.active_chains = None
+            self._z[bad] = self._z_finite[bad]
+            for name, rows in kept.items():
+                getattr(state, name)[bad] = rows
+            for f in state.fields:
+                if f.reset:
+                    getattr(state, f.name)[bad] = 0
+        self._t += 1
+        self._last = (float(estimate.energy.mean()), float(gnorm.mean()), eps)
+
     def _record_draw(self) -> None:
-        known = {"step_size": self._last[2], "diverging": self._diverged}
+        k = self.vectorized_chains
+        if k is None:
+            known = {"step_size": self._last[2], "diverging": self._diverged}
+        else:
+            known = {"step_size": [self._last[2]] * k, "diverging": self._diverged.tolist()}
         known.update(self._step_stats)
         known.update(self.draw_statistics())
-        self.recorder.open_draw(known, self.stat_defaults)
+        defaults = self.stat_defaults if k is None else {
+            name: [value] * k for name, value in self.stat_defaults.items()}
+        self.recorder.open_draw(known, defaults)
 
-    def _close_draw(self, u: float, gnorm: float, finite: bool) -> None:
-        """Complete the pending draw with the potential ``u`` and gradient norm at it."""
-        at_draw = {"lp": -u, "grad_norm": gnorm}
-        if not finite:
-            at_draw["diverging"] = True
+    def _close_draw(self, u: Any, gnorm: Any, finite: Any) -> None:
+        """Complete the pending draw with the potential ``u`` and gradient norm at it (lists,
+        one per chain, for vectorised chains)."""
+        if self.vectorized_chains is None:
+            at_draw = {"lp": -u, "grad_norm": gnorm}
+            if not finite:
+                at_draw["diverging"] = True
+        else:
+            at_draw = {"lp": [-x for x in u], "grad_norm": gnorm,
+                       "diverging": [not f for f in finite]}
         at_draw.update(self.statistics_at_draw(u))
         self.recorder.close_draw(at_draw)
 
@@ -669,29 +869,58 @@ class SGMCMCKernel(MCMCKernel):
         if not self.recorder.pending:
             return
         rng = pyro.util.get_rng_state()
+        streams = None if self.chain_streams is None else self.chain_streams.get_state()
         try:
-            batch = self._stream.peek() if self._stream is not None else None
+            batch = self._peek_batch()
             u_t, grad = self.potential_and_grad(batch)
-            u, gnorm = float(u_t), float(torch.linalg.vector_norm(grad))
+            gnorm_t = torch.linalg.vector_norm(grad, dim=-1)
         finally:
             pyro.util.set_rng_state(rng)
-        self._close_draw(u, gnorm, math.isfinite(u) and math.isfinite(gnorm))
+            if streams is not None:
+                self.chain_streams.set_state(streams)
+        if self.vectorized_chains is None:
+            u, gnorm = float(u_t), float(gnorm_t)
+            self._close_draw(u, gnorm, math.isfinite(u) and math.isfinite(gnorm))
+        else:
+            finite = torch.isfinite(u_t) & torch.isfinite(gnorm_t)
+            self._close_draw(u_t.tolist(), gnorm_t.tolist(), finite.tolist())
 
-    def _divergence_message(self, u: float, grad: torch.Tensor) -> str:
+    def _next_batch(self) -> torch.Tensor | None:
+        """The next minibatch indices (one row per chain for vectorised chains), or None."""
+        if not self._streams:
+            return None
+        if self.vectorized_chains is None:
+            return self._stream.next()
+        return torch.stack([stream.next() for stream in self._streams])
+
+    def _peek_batch(self) -> torch.Tensor | None:
+        if not self._streams:
+            return None
+        if self.vectorized_chains is None:
+            return self._stream.peek()
+        return torch.stack([stream.peek() for stream in self._streams])
+
+    def _divergence_message(self, u: float, grad: torch.Tensor, chain: int | None = None
+                            ) -> str:
+        z = self._z if chain is None else self._z[chain]
+        recent = self._num_recent_nonfinite if chain is None else int(
+            self._num_recent_nonfinite[chain])
+        in_a_row = self._nonfinite if chain is None else int(self._nonfinite[chain])
         sites = self._layout.nonfinite_sites(grad)
         if sites:
             where = f"; non-finite gradient at sites {sites}"
-        elif sites := self._layout.nonfinite_sites(self._z):
+        elif sites := self._layout.nonfinite_sites(z):
             where = f"; non-finite parameters at sites {sites}"
         else:  # every element finite, but U or the gradient's norm overflows
             sizes = {s.name: float(grad[s.offset : s.stop].abs().max())
                      for s in self._layout.sites if s.numel}
             name = max(sizes, key=sizes.get)
             where = f"; the largest gradient, {sizes[name]:.3g}, is at site {name!r}"
+        which = "the chain" if chain is None else f"chain {chain} of {self.vectorized_chains}"
         return (
-            f"the chain diverged: the potential or its gradient was non-finite at "
-            f"{self._num_recent_nonfinite} of the last {len(self._recent_nonfinite)} SG steps "
-            f"({self._nonfinite} in a row), the last at step {self._t} (U = {u}){where}. "
+            f"{which} diverged: the potential or its gradient was non-finite at "
+            f"{recent} of the last {len(self._recent_nonfinite)} SG steps "
+            f"({in_a_row} in a row), the last at step {self._t} (U = {u}){where}. "
             "Try a smaller step_size."
         )
 
@@ -713,9 +942,12 @@ class SGMCMCKernel(MCMCKernel):
             "z": self._z.detach().clone(),
             "num_sg_steps": self._t,
             "kernel_state": self.state.checkpoint(),
-            "minibatch": None if self._stream is None else self._stream.state_dict(),
+            "minibatch": None if self._stream is None else (
+                self._stream.state_dict() if self.vectorized_chains is None
+                else [stream.state_dict() for stream in self._streams]),
             "rng": self._rng_for_checkpoint(),
             "aux_rng": self.aux_generator_state(),
+            "chain_rng": None if self.chain_streams is None else self._chain_rng_for_checkpoint(),
             "adaptation": self._adaptation_state(),
         }
 
@@ -731,6 +963,12 @@ class SGMCMCKernel(MCMCKernel):
     def aux_generator_state(self) -> torch.Tensor:
         """State of :attr:`aux_generator` for a checkpoint (a kernel that draws ahead overrides)."""
         return self.aux_generator.get_state()
+
+    def _chain_rng_for_checkpoint(self) -> list[torch.Tensor]:
+        end = getattr(self, "_chain_rng_at_end", None)
+        if end is not None and end[0] == self._t:
+            return end[1]
+        return self.chain_streams.get_state()
 
     def _rng_for_checkpoint(self) -> dict[str, Any]:
         end = getattr(self, "_rng_at_end", None)
@@ -753,13 +991,25 @@ class SGMCMCKernel(MCMCKernel):
         if [tuple(x) for x in state["sites"]] != [(n, tuple(s)) for n, s in sites]:
             raise ValueError(f"saved sites {state['sites']} differ from the model's {sites}")
         z = state["z"].clone()
+        expected = (self._layout.size,) if self.vectorized_chains is None else (
+            self.vectorized_chains, self._layout.size)
+        if tuple(z.shape) != expected:
+            raise ValueError(f"the checkpoint holds parameters of shape {tuple(z.shape)}; this "
+                             f"kernel's are {expected} (vectorized_chains="
+                             f"{self.vectorized_chains})")
         self._t = int(state["num_sg_steps"])
         self.state = KernelState.create(z, self.state_fields)
         self.state.load(state["kernel_state"])
-        if self._stream is not None and state["minibatch"] is not None:
-            self._stream.load_state_dict(state["minibatch"])
+        saved_streams = state["minibatch"]
+        if self._stream is not None and saved_streams is not None:
+            if self.vectorized_chains is None:
+                saved_streams = [saved_streams]
+            for stream, saved in zip(self._streams, saved_streams, strict=True):
+                stream.load_state_dict(saved)
         pyro.util.set_rng_state(state["rng"])
         self.aux_generator.set_state(state["aux_rng"])
+        if self.chain_streams is not None:
+            self.chain_streams.set_state(state["chain_rng"])
         adapted = state.get("adaptation")  # absent from checkpoints written before adaptation
         if adapted is not None:
             self._adapted_step_size = adapted["step_size"]
@@ -774,10 +1024,15 @@ class SGMCMCKernel(MCMCKernel):
         keep = {}
         for k, v in self.__dict__.items():
             if k in ("potential", "_leaves", "_params", "_grad", "_last_draw", "_initial_params",
-                     "_last_flat", "_z_finite", "aux_generator"):
+                     "_last_flat", "_z_finite", "aux_generator",
+                     "chain_streams", "_streams", "_stream"):
                 continue
-            keep[k] = None if k in ("state", "recorder") else v
+            keep[k] = None if k in ("state", "recorder") or isinstance(v, KernelState) else v
         return keep
+
+
+def _has_chain_rows(value: Any, num_chains: int) -> bool:
+    return torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == num_chains
 
 
 def _check_schedule(schedule: Any) -> None:

@@ -8,12 +8,13 @@ minibatch), and one backward pass gives every chain's gradient (the chains are i
 so the gradient of the sum holds each row's gradient). Every update rule is elementwise or
 reduces over the last dimension only, so each row follows the single-chain rule.
 
-Each chain draws from its own random stream (:class:`ChainStreams`): chain ``k`` is seeded with
-``torch.initial_seed() + k``, the seed Pyro's ``MCMC(num_chains=K)`` gives chain ``k`` in a
-worker process, and consumes it in the order a single chain consumes torch's global stream
-(its initialisation, its auxiliary seed, then per step its minibatch and its noise). So chain
-``k`` is the chain of a single-chain run after ``pyro.set_rng_seed(torch.initial_seed() + k)``,
-draw for draw.
+Each chain draws its initial values and its minibatches from its own random stream
+(:class:`ChainStreams`): chain ``k`` is seeded with ``torch.initial_seed() + k``, the seed
+Pyro's ``MCMC(num_chains=K)`` gives chain ``k`` in a worker process. The Gaussian noise of all
+chains comes from torch's global stream in one draw per step (a draw per chain would cost more
+than the step of a small model). So without noise (``temperature=0``) chain ``k`` is the
+single-chain run after ``pyro.set_rng_seed(torch.initial_seed() + k)`` (to the rounding of the
+batched arithmetic); with noise, each chain follows the same rule with independent noise.
 """
 
 from __future__ import annotations
@@ -79,22 +80,6 @@ class ChainStreams(Sequence[torch.Generator]):
                              f"kernel runs {len(self.generators)} chains")
         for g, s in zip(self.generators, states, strict=True):
             g.set_state(s)
-
-
-def standard_normal_(noise: torch.Tensor,
-                     generator: torch.Generator | Sequence[torch.Generator | None] | None
-                     ) -> torch.Tensor:
-    """Fill ``noise`` with standard normal draws: from one stream (a generator, or ``None`` for
-    torch's global one), or row ``k`` from the ``k``-th of a sequence of streams, where a
-    ``None`` entry leaves its row at zero (a chain that skips its step draws nothing)."""
-    if generator is None or isinstance(generator, torch.Generator):
-        return noise.normal_(generator=generator)
-    for row, g in zip(noise, generator, strict=True):
-        if g is None:
-            row.zero_()
-        else:
-            row.normal_(generator=g)
-    return noise
 
 
 class VectorizedPotential:

@@ -211,17 +211,9 @@ class ContourSGLD(SGMCMCKernel):
         multiplier_clip: tuple[float, float] | None = None,
         sa_power: float | None = None,
         bounds: tuple[float, float] | None = None,
-        vectorized_chains: int | None = None,
         **kwargs: Any,
     ):
         super().__init__(model, step_size, **kwargs)
-        if vectorized_chains is not None:
-            vectorized_chains = validation.integer_at_least(
-                "vectorized_chains", vectorized_chains, 1)
-            if self.potential_fn is None:
-                raise ValueError("vectorized_chains needs a potential_fn returning one energy "
-                                 "per chain, not a model")
-        self.vectorized_chains = vectorized_chains
         self.num_bins = validation.integer_at_least("num_bins", num_bins, 2)
         self.auto_bins = bool(auto_bins)
         if self.auto_bins:
@@ -265,32 +257,43 @@ class ContourSGLD(SGMCMCKernel):
     # ------------------------------------------------------------------ state
 
     stat_dtypes = {**SGMCMCKernel.stat_dtypes, "energy_bin": torch.long}
+    stat_defaults = {"energy_bin": -1}
 
     def _state_fields(self) -> tuple[StateField, ...]:
         """The chain's state: the learned energy PDF ``g`` (``energy_pdf``), the SA step count,
         the bins (placed at the end of warmup with ``auto_bins``), the warmup energies that
-        place them, and the count of steps ``bounds`` rejected."""
+        place them, and the count of steps ``bounds`` rejected. With vectorised chains each
+        has a leading dimension ``K`` (the bins are then ``NaN`` until placed)."""
         k = self.vectorized_chains
+
+        def per_chain(value: Any, dtype: torch.dtype) -> Any:
+            if k is None:
+                return value
+            return torch.full((k,), math.nan if value is None else value, dtype=dtype)
+
         fields = [
             NOISE,
             StateField("energy_pdf", "g, the learned energy PDF, (m,) or (K, m)",
                        init=self._initial_energy_pdf),
-            StateField("num_sa_updates", "SA updates of g so far", init=lambda state: 0),
+            StateField("num_sa_updates", "SA updates of g so far",
+                       init=lambda state: per_chain(0, torch.long)),
             StateField("min_energy", "lower edge of bin 0 (None until auto_bins places it)",
-                       init=lambda state: self._bins_given[0]),
+                       init=lambda state: per_chain(self._bins_given[0], torch.float64)),
             StateField("bin_width", "the bin width (None until auto_bins places it)",
-                       init=lambda state: self._bins_given[1]),
+                       init=lambda state: per_chain(self._bins_given[1], torch.float64)),
             StateField("warmup_energies", "energies of warmup, for auto_bins",
-                       init=lambda state: []),
-            StateField("num_rejected", "SG steps rejected by bounds", init=lambda state: 0),
+                       init=lambda state: [] if k is None else [[] for _ in range(k)]),
+            StateField("num_rejected", "SG steps rejected by bounds",
+                       init=lambda state: per_chain(0, torch.long)),
         ]
         if self.bounds is not None:
             fields.append(StateField("before", "the position before a step that bounds may "
                                      "reject", init="scratch"))
-        if k is not None:
-            fields.append(StateField("chain_of", "the chain of each flat coordinate",
-                                     init=self._chain_of_coordinates, persistent=False))
         return tuple(fields)
+
+    @property
+    def state_fields(self) -> tuple[StateField, ...]:  # type: ignore[override]
+        return self._state_fields()
 
     def _initial_energy_pdf(self, state: KernelState) -> torch.Tensor:
         self._check_start(state.position)
@@ -301,85 +304,158 @@ class ContourSGLD(SGMCMCKernel):
     def _check_start(self, z: torch.Tensor) -> None:
         if self.bounds is None:
             return
-        outside = ~((z >= self.bounds[0]) & (z <= self.bounds[1]))  # nan: outside
-        if bool(outside.any()):
-            site = next(s for s in self._layout.sites if bool(outside[s.offset : s.stop].any()))
-            values = z[site.offset : site.stop][outside[site.offset : site.stop]]
-            raise ValueError(
-                f"the chain starts outside bounds={self.bounds}: site {site.name!r} has "
-                f"unconstrained values {values.tolist()[:5]} outside; every step from "
-                "there would be rejected. Start inside the box or widen it"
-            )
+        for c, row in enumerate(z.reshape(-1, z.shape[-1])):
+            outside = ~((row >= self.bounds[0]) & (row <= self.bounds[1]))  # nan: outside
+            if bool(outside.any()):
+                site = next(s for s in self._layout.sites
+                            if bool(outside[s.offset : s.stop].any()))
+                values = row[site.offset : site.stop][outside[site.offset : site.stop]]
+                chain = "" if z.dim() == 1 else f" (chain {c})"
+                raise ValueError(
+                    f"the chain starts outside bounds={self.bounds}: site {site.name!r}{chain} "
+                    f"has unconstrained values {values.tolist()[:5]} outside; every step from "
+                    "there would be rejected. Start inside the box or widen it"
+                )
+
+    def _chain_values(self, name: str) -> list[Any]:
+        """A per-chain part of the state as one Python value per chain."""
+        value = getattr(self.state, name)
+        if self.vectorized_chains is None:
+            return [value]
+        if torch.is_tensor(value):
+            return [None if isinstance(v, float) and math.isnan(v) else v
+                    for v in value.tolist()]
+        return value
+
+    def _set_chain_values(self, name: str, values: list[Any]) -> None:
+        if self.vectorized_chains is None:
+            setattr(self.state, name, values[0])
+            return
+        current = getattr(self.state, name)
+        if torch.is_tensor(current):
+            current.copy_(torch.tensor([math.nan if v is None else v for v in values],
+                                       dtype=current.dtype))
+        else:
+            setattr(self.state, name, values)
 
     @property
-    def min_energy(self) -> float | None:
+    def min_energy(self) -> float | list[float] | None:
         """The lower edge of bin 0: the chain's (placed at the end of warmup with
-        ``auto_bins``), or the one given before a run."""
-        return self._bins_given[0] if self.state is None else self.state.min_energy
+        ``auto_bins``; a list, one per chain, for vectorised chains), or the one given."""
+        if self.state is None:
+            return self._bins_given[0]
+        values = self._chain_values("min_energy")
+        return values if self.vectorized_chains is not None else values[0]
 
     @property
-    def bin_width(self) -> float | None:
-        """The bin width: the chain's, or the one given before a run."""
-        return self._bins_given[1] if self.state is None else self.state.bin_width
+    def bin_width(self) -> float | list[float] | None:
+        """The bin width: the chain's (a list for vectorised chains), or the one given."""
+        if self.state is None:
+            return self._bins_given[1]
+        values = self._chain_values("bin_width")
+        return values if self.vectorized_chains is not None else values[0]
 
     @property
     def _g(self) -> torch.Tensor:
         return self.state.energy_pdf
 
     @property
-    def num_rejected(self) -> int:
-        """SG steps rejected by ``bounds`` in this chain (with ``vectorized_chains``, one per
-        chain and rejected step); continues across a resume."""
-        return self.state.num_rejected
+    def num_rejected(self) -> int | list[int]:
+        """SG steps rejected by ``bounds`` in this chain (a list for vectorised chains);
+        continues across a resume."""
+        values = self._chain_values("num_rejected")
+        return values if self.vectorized_chains is not None else values[0]
 
     @property
     def bins_fixed(self) -> bool:
         """Whether the energy bins are in place (given, or placed after warmup)."""
-        return self.bin_width is not None
+        if self.state is None:
+            return self._bins_given[1] is not None
+        if getattr(self, "_bins_placed_in", None) is self.state:
+            return True
+        width = self.state.bin_width
+        if torch.is_tensor(width):  # vectorised chains: placed together, NaN until then
+            placed = not bool(torch.isnan(width[0]))
+        else:
+            placed = width is not None
+        if placed:  # bins never move once placed
+            self._bins_placed_in = self.state
+        return placed
 
     @property
     def energy_edges(self) -> torch.Tensor:
-        """The ``m + 1`` edges of the energy bins (after warmup when ``auto_bins``)."""
+        """The ``m + 1`` edges of the energy bins (after warmup when ``auto_bins``); ``(K,
+        m + 1)`` for vectorised chains."""
         if not self.bins_fixed:
             raise RuntimeError("the energy bins are placed at the end of warmup (auto_bins)")
         i = torch.arange(self.num_bins + 1, dtype=torch.float64)
-        return self.min_energy + self.bin_width * i
+        if self.state is None or self.vectorized_chains is None:
+            return self.min_energy + self.bin_width * i
+        lo = torch.tensor(self.min_energy, dtype=torch.float64).unsqueeze(1)
+        return lo + torch.tensor(self.bin_width, dtype=torch.float64).unsqueeze(1) * i
 
     def _fix_bins(self) -> None:
-        state = self.state
-        u = [x for x in state.warmup_energies if math.isfinite(x)]
-        if not u:
-            raise RuntimeError("auto_bins needs warmup_steps >= 1 with finite energies to place "
-                               "the energy bins")
-        lo, hi = min(u), max(u)
-        r = max(hi - lo, 1e-6 * max(abs(lo), 1.0))
-        state.min_energy = lo - AUTO_MARGIN_BELOW * r
-        state.bin_width = (1 + AUTO_MARGIN_BELOW + AUTO_MARGIN_ABOVE) * r / self.num_bins
-        state.warmup_energies = []
+        """Place each chain's bins from the finite energies it saw in warmup."""
+        lows, widths = [], []
+        energies = self._chain_values("warmup_energies") if self.vectorized_chains is not None \
+            else [self.state.warmup_energies]
+        for chain_energies in energies:
+            u = [x for x in chain_energies if math.isfinite(x)]
+            if not u:
+                raise RuntimeError("auto_bins needs warmup_steps >= 1 with finite energies to "
+                                   "place the energy bins")
+            lo, hi = min(u), max(u)
+            r = max(hi - lo, 1e-6 * max(abs(lo), 1.0))
+            lows.append(lo - AUTO_MARGIN_BELOW * r)
+            widths.append((1 + AUTO_MARGIN_BELOW + AUTO_MARGIN_ABOVE) * r / self.num_bins)
+        self._set_chain_values("min_energy", lows)
+        self._set_chain_values("bin_width", widths)
+        self.state.warmup_energies = [] if self.vectorized_chains is None else [
+            [] for _ in energies]
 
-    def _observe_energy(self, u: float | torch.Tensor) -> None:
+    def _observe_energies(self, energies: list[float], active: list[bool]) -> None:
         """With ``auto_bins``: keep warmup energies, place the bins at the first step after."""
         if not self.auto_bins or self.bins_fixed:
             return
         if self._draw < self._warmup_steps:
-            self.state.warmup_energies.extend(
-                [u] if self.vectorized_chains is None else u.tolist())
+            if self.vectorized_chains is None:
+                self.state.warmup_energies.append(energies[0])
+            else:
+                for kept, u, ok in zip(self.state.warmup_energies, energies, active, strict=True):
+                    if ok:
+                        kept.append(u)
         else:
             self._fix_bins()
 
-    def bin_of(self, u: float) -> int:
-        """The bin ``J(u)`` of an energy (below the first edge: 0, above the last: ``m - 1``)."""
-        j = math.floor((u - self.min_energy) / self.bin_width)
+    def bin_of(self, u: float, chain: int | None = None) -> int:
+        """The bin ``J(u)`` of an energy (below the first edge: 0, above the last: ``m - 1``)
+        in the bins of ``chain`` (vectorised chains)."""
+        lo, width = self._bins(chain)
+        j = math.floor((u - lo) / width)
         return min(max(j, 0), self.num_bins - 1)
+
+    def _bin_tensors(self) -> tuple[Any, Any]:
+        """The bins' lower edges and widths: floats, or ``(K,)`` tensors for vectorised
+        chains."""
+        if self.state is None or self.vectorized_chains is None:
+            return self.min_energy, self.bin_width
+        return self.state.min_energy, self.state.bin_width
+
+    def _bins(self, chain: int | None) -> tuple[float, float]:
+        if chain is None or self.state is None or self.vectorized_chains is None:
+            return self.min_energy, self.bin_width
+        return self.min_energy[chain], self.bin_width[chain]
 
     # ------------------------------------------------------------------ the step
 
-    def multiplier(self, j: int) -> float:
-        """The gradient multiplier :math:`\\mu` in bin ``j`` for the current ``g``."""
+    def multiplier(self, j: int, chain: int | None = None) -> float:
+        """The gradient multiplier :math:`\\mu` in bin ``j`` for the current ``g`` (of
+        ``chain``, for vectorised chains)."""
         if self.zeta == 0.0:
             return 1.0
+        g = self._g if chain is None else self._g[chain]
         jm = max(j, 1)
-        slope = (math.log(self._g[jm]) - math.log(self._g[jm - 1])) / self.bin_width
+        slope = (math.log(g[jm]) - math.log(g[jm - 1])) / self._bins(chain)[1]
         mult = 1.0 + self.zeta * self.temperature * slope
         if self.multiplier_clip is not None:
             mult = min(max(mult, self.multiplier_clip[0]), self.multiplier_clip[1])
@@ -387,11 +463,14 @@ class ContourSGLD(SGMCMCKernel):
 
     def log_weight(self, g: torch.Tensor, u: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         r""":math:`\zeta\Phi(u)` for energies ``u`` in bins ``j`` under the PDF ``g`` (``(m,)``, or
-        ``(K, m)`` with one energy per row): the log importance weight (class docstring)."""
+        ``(K, m)`` with one energy per row, in the bins of the respective chain for vectorised
+        chains): the log importance weight (class docstring)."""
         if self.zeta == 0.0:
             return torch.zeros(u.shape, dtype=torch.float64)
+        lo, width = self._bin_tensors()
+        if torch.is_tensor(width):  # vectorised chains: each row in its own bins
+            width = width.unsqueeze(-1)
         log_g = g.log()
-        width = self.bin_width
         slope = (log_g[..., 1:] - log_g[..., :-1]) / width  # bins 1 .. m-1
         slope = torch.cat([slope[..., :1], slope], dim=-1)  # bin 0 moves with bins 0-1
         zt = self.zeta * self.temperature
@@ -400,10 +479,10 @@ class ContourSGLD(SGMCMCKernel):
         # Phi at the lower edges e_0 .. e_{m-1}, with Phi(e_1) = log g_0
         rises = torch.cumsum(slope[..., 1:-1] * width, dim=-1)
         at_e1 = log_g[..., :1]
-        edges = torch.cat([at_e1 - slope[..., :1] * width, at_e1, at_e1 + rises],
-                          dim=-1)
+        edges = torch.cat([at_e1 - slope[..., :1] * width, at_e1, at_e1 + rises], dim=-1)
         j = j.unsqueeze(-1)
-        lower = self.min_energy + width * j.squeeze(-1).double()
+        width_of_row = width.squeeze(-1) if torch.is_tensor(width) else width
+        lower = lo + width_of_row * j.squeeze(-1).double()
         phi = edges.gather(-1, j).squeeze(-1) + slope.gather(-1, j).squeeze(-1) * (
             u.double() - lower)
         return self.zeta * phi
@@ -421,41 +500,95 @@ class ContourSGLD(SGMCMCKernel):
 
     def update(self, state: KernelState, estimate: Estimate, step_size: float) -> None:
         z, grad = state.position, estimate.step_grad
-        if self.vectorized_chains is not None:
-            self._update_vectorized(state, grad, step_size)
-            return
-        u = float(estimate.energy)
-        self._observe_energy(u)
-        mult = 1.0
-        if self.bins_fixed:
-            j = self.bin_of(u)
-            state.num_sa_updates += 1
-            g = state.energy_pdf
-            gain = self.sa_step_size(state.num_sa_updates) * float(g[j]) ** self.sa_power
-            g.mul_(1.0 - gain)
-            g[j] += gain
-            mult = self.multiplier(j)
-        if mult != 1.0:
-            grad.mul_(mult)
+        if self.vectorized_chains is None:
+            u = float(estimate.energy)
+            self._observe_energies([u], [True])
+            if self.bins_fixed:
+                mult = self._sa_step(u)
+                if mult != 1.0:
+                    grad.mul_(mult)
+        else:
+            active = self.active_chains  # None: every chain takes the step
+            if self.auto_bins and not self.bins_fixed:
+                self._observe_energies(estimate.energy.tolist(), [True] * len(estimate.energy)
+                                       if active is None else active.tolist())
+            if self.bins_fixed:
+                mult = self._sa_step_chains(estimate.energy.double(), active)
+                grad.mul_(mult.to(grad.dtype).unsqueeze(1))
         if self.bounds is not None:
             state.before.copy_(z)
         langevin_step_(z, grad, step_size, self.temperature, state.noise, metric=self.metric)
-        if self.bounds is not None and not bool(
-            ((z >= self.bounds[0]) & (z <= self.bounds[1])).all()
-        ):
-            z.copy_(state.before)
-            state.num_rejected += 1
+        if self.bounds is not None:
+            outside = ~((z >= self.bounds[0]) & (z <= self.bounds[1])).all(-1)
+            if bool(outside.any()):
+                z.copy_(torch.where(outside.unsqueeze(-1), state.before, z))
+                if self.vectorized_chains is None:
+                    state.num_rejected += 1
+                else:
+                    state.num_rejected += outside.long()
+
+    def _sa_step(self, u: float) -> float:
+        """One chain: the SA update of ``g`` with the energy ``u``; returns the multiplier."""
+        state = self.state
+        j = self.bin_of(u)
+        state.num_sa_updates += 1
+        g = state.energy_pdf
+        gain = self.sa_step_size(state.num_sa_updates) * float(g[j]) ** self.sa_power
+        g.mul_(1.0 - gain)
+        g[j] += gain
+        return self.multiplier(j)
+
+    def _sa_step_chains(self, u: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`_sa_step` of every active chain at once (``K`` energies; ``active=None``:
+        every chain); the multipliers."""
+        state = self.state
+        rows = torch.arange(len(u))
+        if active is None:
+            j = self.bins_of(u)
+            state.num_sa_updates += 1
+        else:
+            j = torch.where(active, self.bins_of(torch.where(active, u, 0.0)), 0)
+            state.num_sa_updates += active.long()
+        k = state.num_sa_updates.double()
+        omega = torch.clamp(10.0 / (k**0.8 + 100.0), max=self.omega0)
+        g = state.energy_pdf
+        gain = omega * g[rows, j] ** self.sa_power
+        if active is not None:
+            gain = torch.where(active, gain, 0.0)
+        g.mul_((1.0 - gain).unsqueeze(1))
+        g[rows, j] += gain
+        return self.multipliers(j)
+
+    def bins_of(self, u: torch.Tensor) -> torch.Tensor:
+        """:meth:`bin_of` of each of a tensor of energies (one per chain for vectorised
+        chains, each in its own bins)."""
+        lo, width = self._bin_tensors()
+        j = torch.floor((u.double() - lo) / width)
+        return j.clamp_(0, self.num_bins - 1).long()
+
+    def multipliers(self, j: torch.Tensor) -> torch.Tensor:
+        """:meth:`multiplier` of each chain ``c`` in bin ``j[c]`` (``K`` chains)."""
+        if self.zeta == 0.0:
+            return torch.ones(len(j), dtype=torch.float64)
+        rows = torch.arange(len(j))
+        jm = j.clamp(min=1)
+        g = self._g.view(-1, self.num_bins)
+        slope = (g[rows, jm].log() - g[rows, jm - 1].log()) / self._bin_tensors()[1]
+        mult = 1.0 + self.zeta * self.temperature * slope
+        if self.multiplier_clip is not None:
+            mult = mult.clamp(*self.multiplier_clip)
+        return mult
 
     # ------------------------------------------------------------------ statistics
 
-    def statistics_at_draw(self, energy: float) -> dict[str, Any]:
+    def statistics_at_draw(self, energy: float | list[float]) -> dict[str, Any]:
         """``energy``, ``energy_bin`` and ``log_weight`` of the draw, with ``g`` before the SA
-        update that uses this energy."""
-        if self.vectorized_chains is not None:
-            return self._statistics_vectorized(self.potential.energies)
-        u = energy
+        update that uses this energy (lists, one per chain, for vectorised chains)."""
         if self.auto_bins and not self.bins_fixed and self._draw >= self._warmup_steps:
             self._fix_bins()
+        if self.vectorized_chains is not None:
+            return self._statistics_chains(torch.tensor(energy, dtype=torch.float64))
+        u = energy
         stats: dict[str, Any] = {"energy": u}
         if math.isfinite(u) and self.bins_fixed:
             j = self.bin_of(u)
@@ -466,115 +599,26 @@ class ContourSGLD(SGMCMCKernel):
             stats["log_weight"] = -math.inf
         return stats
 
-    @property
-    def stat_defaults(self) -> dict[str, Any]:  # type: ignore[override]
-        k = self.vectorized_chains
-        if k is None:
-            return {"energy_bin": -1}
-        return {"energy": [math.nan] * k, "energy_bin": [-1] * k, "log_weight": [math.nan] * k}
-
-    # ------------------------------------------------------------------ K chains in one potential
-
-    def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
-        self.state_fields = self._state_fields()
-        super().setup(warmup_steps, *args, **kwargs)
-        if self.vectorized_chains is not None:
-            self.potential = _ChainEnergies(self.potential, self.vectorized_chains)
-
-    def _chain_of_coordinates(self, state: KernelState) -> torch.Tensor:
-        """The chain of each flat coordinate (every site has a leading dimension ``K``)."""
-        k = self.vectorized_chains
-        chain_of = []
-        for s in self._layout.sites:
-            if len(s.shape) == 0 or s.shape[0] != k:
-                raise ValueError(f"vectorized_chains={k}: every site needs a leading dimension "
-                                 f"of size {k} (one row per chain), site {s.name!r} has shape "
-                                 f"{tuple(s.shape)}")
-            chain_of.append(torch.arange(k).repeat_interleave(s.numel // k))
-        return torch.cat(chain_of)
-
-    def bins_of(self, u: torch.Tensor) -> torch.Tensor:
-        """:meth:`bin_of` of each of a tensor of energies."""
-        j = torch.floor((u.double() - self.min_energy) / self.bin_width)
-        return j.clamp_(0, self.num_bins - 1).long()
-
-    def multipliers(self, j: torch.Tensor) -> torch.Tensor:
-        """:meth:`multiplier` of each chain ``c`` in bin ``j[c]`` (``K`` chains)."""
-        if self.zeta == 0.0:
-            return torch.ones(len(j), dtype=torch.float64)
-        rows = torch.arange(len(j))
-        jm = j.clamp(min=1)
-        log_g = self._g.log()
-        slope = (log_g[rows, jm] - log_g[rows, jm - 1]) / self.bin_width
-        mult = 1.0 + self.zeta * self.temperature * slope
-        if self.multiplier_clip is not None:
-            mult = mult.clamp(*self.multiplier_clip)
-        return mult
-
-    def _update_vectorized(self, state: KernelState, grad: torch.Tensor,
-                           step_size: float) -> None:
-        z, u = state.position, self.potential.energies
-        self._observe_energy(u)
-        if self.bins_fixed:
-            j = self.bins_of(u)
-            rows = torch.arange(len(j))
-            state.num_sa_updates += 1
-            g = state.energy_pdf
-            gain = self.sa_step_size(state.num_sa_updates) * g[rows, j] ** self.sa_power
-            g.mul_((1.0 - gain).unsqueeze(1))
-            g[rows, j] += gain
-            if self.zeta != 0.0:
-                grad.mul_(self.multipliers(j).to(grad.dtype)[state.chain_of])
-        if self.bounds is not None:
-            state.before.copy_(z)
-        langevin_step_(z, grad, step_size, self.temperature, state.noise, metric=self.metric)
-        if self.bounds is not None:
-            outside = ((z < self.bounds[0]) | (z > self.bounds[1])).double()
-            bad = torch.zeros(self.vectorized_chains, dtype=torch.float64)
-            bad = bad.index_add_(0, state.chain_of, outside) > 0
-            if bool(bad.any()):
-                z.copy_(torch.where(bad[state.chain_of], state.before, z))
-                state.num_rejected += int(bad.sum())
-
-    def _statistics_vectorized(self, u: torch.Tensor) -> dict[str, Any]:
-        if self.auto_bins and not self.bins_fixed and self._draw >= self._warmup_steps:
-            self._fix_bins()
+    def _statistics_chains(self, u: torch.Tensor) -> dict[str, Any]:
+        finite = torch.isfinite(u)
         stats: dict[str, Any] = {"energy": u.tolist()}
-        if self.bins_fixed and bool(torch.isfinite(u).all()):
-            j = self.bins_of(u)
-            stats["energy_bin"] = j.tolist()
-            stats["log_weight"] = self.log_weight(self._g, u, j).tolist()
-        else:
+        if not self.bins_fixed:
             stats["log_weight"] = [-math.inf] * len(u)
+            return stats
+        j = self.bins_of(torch.where(finite, u, 0.0))
+        weight = self.log_weight(self._g, torch.where(finite, u, 0.0), j)
+        stats["energy_bin"] = torch.where(finite, j, -1).tolist()
+        stats["log_weight"] = torch.where(finite, weight, -math.inf).tolist()
         return stats
 
     def diagnostics(self) -> dict[str, Any]:
         out = super().diagnostics()
         out["energy_pdf"] = self._g.clone()
         out["energy_edges"] = self.energy_edges if self.bins_fixed else None
-        out["num_sa_updates"] = self.state.num_sa_updates
+        out["num_sa_updates"] = (self.state.num_sa_updates if self.vectorized_chains is None
+                                 else self._chain_values("num_sa_updates"))
         out["num_rejected"] = self.num_rejected
         return out
-
-
-class _ChainEnergies:
-    """Wraps a potential that returns one energy per chain: the kernel differentiates the sum
-    (chains are independent, so its gradient holds each chain's gradient) and reads the
-    per-chain energies from :attr:`energies`."""
-
-    def __init__(self, potential: Callable, num_chains: int):
-        self.potential = potential
-        self.num_chains = num_chains
-        self.energies = torch.full((num_chains,), math.nan, dtype=torch.float64)
-
-    def __call__(self, params: dict[str, torch.Tensor], batch: Any = None) -> torch.Tensor:
-        u = torch.as_tensor(self.potential(params, batch))
-        if u.shape != (self.num_chains,):
-            raise ValueError(f"vectorized_chains={self.num_chains}: the potential_fn must "
-                             f"return one energy per chain, shape ({self.num_chains},), got "
-                             f"{tuple(u.shape)}")
-        self.energies = u.detach().double()
-        return u.sum()
 
 
 def reweight(

@@ -193,7 +193,10 @@ class EntropyMCMC(SGMCMCKernel):
         self._guide_noise = PrefetchedNormal(self.position, self.aux_generator,
                                              prefetch=self.prefetch_noise)
 
-    def aux_generator_state(self) -> torch.Tensor:
+    def _next_guide_noise(self) -> torch.Tensor:
+        return self._guide_noise.next()
+
+    def aux_generator_state(self) -> Any:
         return self._guide_noise.generator_state()
 
     def cleanup(self) -> None:
@@ -231,7 +234,7 @@ class EntropyMCMC(SGMCMCKernel):
                 guide.lerp_(z, w / (1.0 - w))
             langevin_step_(z, grad, step_size, t, state.noise)
             if t > 0:
-                noise = self._guide_noise.next()
+                noise = self._next_guide_noise()
                 guide.add_(noise, alpha=math.sqrt(2.0 * step_size * t))
         else:
             # gradient of the joint energy in theta_a: k (theta_a - theta); in theta: grad + that
@@ -242,11 +245,11 @@ class EntropyMCMC(SGMCMCKernel):
             c, m = self.friction, self.mass
             underdamped_step_(z, state.momentum, grad, step_size, c, m, t, state.noise)
             underdamped_step_(guide, state.guide_momentum, guide_grad, step_size,
-                              c, m, t, self._guide_noise.next(), draw_noise=False)
+                              c, m, t, self._next_guide_noise(), draw_noise=False)
 
     def draw_statistics(self) -> dict[str, Any]:
-        distance = torch.linalg.vector_norm(self.position - self.state.guide)
-        return {"coupling_distance": float(distance)}
+        distance = torch.linalg.vector_norm(self.position - self.state.guide, dim=-1)
+        return {"coupling_distance": distance.tolist() if distance.dim() else float(distance)}
 
 
 def select_draws(

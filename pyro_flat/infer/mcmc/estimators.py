@@ -112,6 +112,8 @@ class SharpnessAwareGradient:
     def __call__(self, position: torch.Tensor, evaluate: Evaluate,
                  batch: torch.Tensor | None) -> Estimate:
         u, g = evaluate(batch)
+        if position.dim() > 1:
+            return self._chains(position, evaluate, batch, u, g)
         if self.rho == 0.0:
             return Estimate(u, g, g, {"sharpness": 0.0})
         grad_at_theta, e, theta = self._work_buffers(position)
@@ -135,3 +137,41 @@ class SharpnessAwareGradient:
             return Estimate(u_e, g_e, g_e, {"sharpness": sharpness})
         return Estimate(u, grad_at_theta, g_e, {"sharpness": sharpness})
 
+
+    def _chains(self, position: torch.Tensor, evaluate: Evaluate, batch: torch.Tensor | None,
+                u: torch.Tensor, g: torch.Tensor) -> Estimate:
+        """Vectorised chains (``position`` of shape ``(K, d)``): each row's ascent step as a
+        single chain's, one second pass for all rows (at ``theta`` for rows that take none)."""
+        k = position.shape[0]
+        if self.rho == 0.0:
+            return Estimate(u, g, g, {"sharpness": [0.0] * k})
+        grad_at_theta, e, theta = self._work_buffers(position)
+        grad_at_theta.copy_(g)
+        finite = torch.isfinite(u).tolist()
+        perturbed = []
+        for c in range(k):
+            metric = (asam_metric([position[c]], ASAM_OFFSET, out=[e[c]]) if self.geometry
+                      else None)
+            perturbed.append(finite[c] and ascent_perturbation(
+                [grad_at_theta[c]], self.rho, metric=metric, out=[e[c]]) is not None)
+            if not perturbed[c]:
+                e[c].zero_()
+        sharpness = [0.0 if ok else math.nan for ok in finite]
+        if not any(perturbed):
+            return Estimate(u, g, g, {"sharpness": sharpness})
+        theta.copy_(position)
+        try:
+            with kept_running_stats(self.batchnorm_modules):
+                position.add_(e)
+                u_e, g_e = evaluate(batch)
+        finally:
+            position.copy_(theta)
+        rows = torch.tensor(perturbed)
+        second_finite = (torch.isfinite(u_e) & torch.isfinite(g_e).all(-1)) | ~rows
+        energy = torch.where(second_finite, u, u_e)
+        grad = torch.where(second_finite.unsqueeze(-1), grad_at_theta, g_e)
+        step_grad = torch.where(rows.unsqueeze(-1), g_e, grad_at_theta)
+        for c in range(k):
+            if perturbed[c]:
+                sharpness[c] = float(u_e[c] - u[c])
+        return Estimate(energy, grad, step_grad, {"sharpness": sharpness})

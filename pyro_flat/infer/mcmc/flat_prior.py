@@ -83,7 +83,12 @@ class FlatNormalPrior:
         return cls(layout, fns, like)
 
     def value_and_grad_(self, z: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-        """Add the prior's gradient of ``U`` to ``grad`` in place; return the prior's ``U``."""
+        """Add the prior's gradient of ``U`` to ``grad`` in place; return the prior's ``U``
+        (one per row for vectorised chains, ``z`` of shape ``(K, d)``: each row exactly as a
+        single chain's)."""
+        if z.dim() > 1:
+            return torch.stack([self.value_and_grad_(row, g) for row, g in zip(z, grad,
+                                                                                strict=True)])
         if self._uniform is not None and not self._centered:  # the usual isotropic BNN prior
             grad.add_(z, alpha=self._uniform)
             return 0.5 * self._uniform * torch.dot(z, z) + self._const

@@ -2,7 +2,9 @@ r"""Update rules on flat parameter tensors, shared by the kernels. All updates a
 
 ``noise`` is a preallocated buffer the size of the parameters; each rule refills it with one
 ``normal_()`` call, so a step allocates nothing. ``generator`` (default: torch's global one)
-lets a kernel draw the noise of a second set of variables from a stream of its own. ``metric``
+lets a kernel draw the noise of a second set of variables from a stream of its own. The rules
+are elementwise, so they apply unchanged to the ``(K, d)`` parameters of vectorised chains.
+``metric``
 (a fixed diagonal inverse mass :math:`P`, see :mod:`pyro_flat.infer.mcmc.adaptation`) runs the
 rule in the coordinates :math:`\phi = P^{-1/2}\theta`, where the metric is the identity;
 ``None`` is the identity itself, and the arithmetic is then exactly the unpreconditioned one.

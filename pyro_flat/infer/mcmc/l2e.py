@@ -174,15 +174,23 @@ class L2E(SGMCMCKernel):
         """The per-element state: the momentum ``r`` and the six gradient moving averages
         ``m_d``, zero at the start and after a non-finite step. Both live in the features
         buffer (:class:`~pyro_flat.infer.mcmc.l2e_net.L2EState`) the meta-network reads."""
-        segments = [(s.offset, s.stop) for s in self._layout.sites]
+        d = self._layout.size
+        chains = 1 if self.vectorized_chains is None else self.vectorized_chains
+        # features are normalised per site of each chain: the chains' rows lie one after another
+        segments = [(c * d + s.offset, c * d + s.stop) for c in range(chains)
+                    for s in self._layout.sites]
+
+        def rows(x: torch.Tensor) -> torch.Tensor:  # one row per chain (views)
+            return x if self.vectorized_chains is None else x.view(chains, d, *x.shape[1:])
+
         return (
             StateField("features", "the meta-network's per-element features",
-                       init=lambda state: L2EState.zeros(state.position, segments),
+                       init=lambda state: L2EState.zeros(state.position.reshape(-1), segments),
                        persistent=False),
-            StateField("momentum", "r, the momentum", init=lambda state: state.features.r,
-                       reset=True),
+            StateField("momentum", "r, the momentum",
+                       init=lambda state: rows(state.features.r), reset=True),
             StateField("grad_moments", "(n, 6) gradient moving averages m_d",
-                       init=lambda state: state.features.moments, reset=True),
+                       init=lambda state: rows(state.features.moments), reset=True),
         )
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
@@ -197,8 +205,8 @@ class L2E(SGMCMCKernel):
             self._kinetic = LearnedKinetic(self.meta_net.to(z.dtype, z.device))
 
     def update(self, state: KernelState, estimate: Estimate, step_size: float) -> None:
-        l2e_step_(state.position, state.features, estimate.step_grad, self._n, step_size,
-                  self.temperature, self._kinetic, self.friction)
+        l2e_step_(state.position.view(-1), state.features, estimate.step_grad.view(-1), self._n,
+                  step_size, self.temperature, self._kinetic, self.friction)
 
     @property
     def momentum(self) -> torch.Tensor:

@@ -391,6 +391,7 @@ def l2e_step_(
 
     with :math:`\xi \sim \mathcal{N}(0, I)`. ``grad_u`` is :math:`\nabla U` (the gradient of
     ``N`` times the mean loss plus the prior); the features see :math:`\nabla U / N`.
+    ``generator``: the stream of :math:`\xi` (default: torch's global one).
     """
     features = state.features
     grad_mean = features[0]

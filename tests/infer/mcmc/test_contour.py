@@ -248,7 +248,7 @@ def test_vectorized_chains_follow_the_rule_chain_by_chain():
     """K chains in one potential: each chain is the single-chain rule of the plain reference
     loop, with its own g, bin and multiplier (same random stream, drawn in the kernel's
     order); moves leaving the box are rejected chain by chain."""
-    starts = [[2.47, 2.47], [0.0, 0.0], [-2.4, 1.0]]
+    starts = [[2.499, 2.499], [0.0, 0.0], [-2.4, 1.0]]
     torch.manual_seed(7)
     k = ContourSGLD(potential_fn=toy_a_potential_chains,
                     initial_params={"x": torch.tensor(starts, dtype=torch.float64)},
@@ -258,7 +258,6 @@ def test_vectorized_chains_follow_the_rule_chain_by_chain():
 
     m, umin, du = TOY_A_BINS["num_bins"], TOY_A_BINS["min_energy"], TOY_A_BINS["bin_width"]
     torch.manual_seed(7)
-    torch.randint(2**62, ())
     x = torch.tensor(starts, dtype=torch.float64)
     g = torch.arange(m, 0, -1, dtype=torch.float64)
     g = (g / g.sum()).repeat(3, 1)
@@ -283,7 +282,7 @@ def test_vectorized_chains_follow_the_rule_chain_by_chain():
                 rejected += 1
         assert torch.allclose(g_kernel, g, rtol=1e-12, atol=0), step
         assert torch.allclose(x_kernel, x, rtol=0, atol=1e-12), step
-    assert rejected == k.num_rejected > 0
+    assert rejected == sum(k.num_rejected) > 0
 
 
 TOY_A_CHAINS = 256
@@ -355,9 +354,9 @@ def test_vectorized_chains_resume():
 
 
 def test_vectorized_chains_bad_input():
-    with pytest.raises(ValueError, match="vectorized_chains needs a potential_fn"):
+    with pytest.raises(ValueError, match="vectorized_chains must be an integer >= 1"):
         ContourSGLD(harness.BayesianLinearRegression(2, 1.0, 1.0, 50), step_size=1e-3,
-                    vectorized_chains=2, **TOY_A_BINS)
+                    vectorized_chains=0, **TOY_A_BINS)
     k = ContourSGLD(potential_fn=toy_a_potential_chains,
                     initial_params={"x": torch.zeros(3, 2, dtype=torch.float64)},
                     step_size=1e-3, vectorized_chains=2, **TOY_A_BINS)
@@ -630,9 +629,9 @@ def test_rejected_steps_are_counted_in_diagnostics():
 
 
 def test_rejected_steps_are_counted_per_chain_in_vectorized_chains():
-    """With ``vectorized_chains``, each chain's rejected step counts once: the count is the sum
-    over the chains of their repeated draws (chain 0's mode is by the edge of the box, chain
-    1's in the middle: the box rejects chain by chain, chain 0 far more often)."""
+    """With ``vectorized_chains``, each chain counts its rejected steps: its repeated draws
+    (chain 0's mode is by the edge of the box, chain 1's in the middle: the box rejects chain
+    by chain, chain 0 far more often)."""
     start = torch.tensor([[1.9, 1.9], [0.0, 0.0]])
     kernel = ContourSGLD(potential_fn=lambda p: 0.5 * ((p["x"] - start) ** 2).sum(1),
                          initial_params={"x": start}, step_size=0.5, num_bins=10,
@@ -642,7 +641,7 @@ def test_rejected_steps_are_counted_per_chain_in_vectorized_chains():
     x = mcmc.get_samples()["x"]  # (draws, chains, 2)
     repeats = (x[1:] == x[:-1]).all(-1).sum(0) + (x[0] == start).all(-1)
     assert int(repeats[0]) > 2 * int(repeats[1]) >= 1, repeats
-    assert mcmc._diagnostics[0]["num_rejected"] == int(repeats.sum())
+    assert mcmc._diagnostics[0]["num_rejected"] == repeats.tolist()
 
 
 def test_vectorized_log_weight_is_the_single_chain_one_row_by_row():
