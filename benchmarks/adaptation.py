@@ -152,7 +152,7 @@ def run(problem: str, method: str, chains: int, warmup: int, draws: int, thin: i
         mcmc.run(x, y)
         seconds += time.perf_counter() - start
         if method != "NUTS":
-            steps.append(mcmc._diagnostics[0]["step_size_adaptation"][-1]["step_size"])
+            steps.append(mcmc.diagnostics()["step_size_adaptation"]["chain 0"][-1]["step_size"])
         idata = to_arviz(mcmc, model=build(problem, c, None), model_args=(x, y))
         parts.append(idata)
     if parts:

@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "infer" / "mcmc"))
 import test_contour as toys  # noqa: E402  (the toy potentials and their quadrature truths)
 
-from pyro_flat import metrics  # noqa: E402
+from pyro_flat import metrics, sample_stats  # noqa: E402
 from pyro_flat.bnn import BNN  # noqa: E402
 from pyro_flat.cli import Settings, build_mlp  # noqa: E402
 from pyro_flat.datasets import load_dataset  # noqa: E402
@@ -103,7 +103,7 @@ def toy_a(steps: int, chains: int, seed: int) -> list[dict]:
         keep = slice(len(x) // 3, None)
         lw = None
         if method == "ContourSGLD":
-            lw = mcmc._diagnostics[0]["sample_stats"]["log_weight"][keep]
+            lw = sample_stats(mcmc, group_by_chain=True)["log_weight"].T[keep]  # (draws, chains)
         est = {"P(central)": estimate((x[keep].abs() < 1 / 1.2).all(-1), lw),
                "E[x1^2]": estimate(x[keep, :, 0] ** 2, lw)}
         rows.append({"method": method, "modes_found": found, "estimates": est, "truth": truth,
@@ -147,7 +147,7 @@ def toy_b(steps: int, chains: int, seed: int) -> list[dict]:
         keep = slice(len(theta) * 3 // 8, None)
         lw = None
         if method == "ContourSGLD":
-            lw = mcmc._diagnostics[0]["sample_stats"]["log_weight"][keep]
+            lw = sample_stats(mcmc, group_by_chain=True)["log_weight"].T[keep]  # (draws, chains)
         p_left = estimate(~right[keep], lw)
         rows.append({"method": method, "chains_crossed": int(crossed.sum()), "chains": chains,
                      "mean_steps_to_first_crossing": statistics.fmean(first) if first else None,
@@ -180,7 +180,7 @@ def bnn(steps: int, seed: int, kept: int = 12, warmup: int = 4) -> list[dict]:
         seconds = time.perf_counter() - start
         probs, per_draw = bma_probs(net, mcmc.get_samples(), data.x_test, return_per_draw=True)
         if method == "ContourSGLD":
-            probs = reweight(per_draw, mcmc._diagnostics[0]["sample_stats"]["log_weight"])
+            probs = reweight(per_draw, sample_stats(mcmc)["log_weight"])
         rows.append({"method": method, "seed": seed,
                      "accuracy": metrics.accuracy(probs, data.y_test),
                      "nll": metrics.nll(probs, data.y_test),

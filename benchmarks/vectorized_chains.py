@@ -15,6 +15,12 @@ draw). The reported ratio is (time of a vectorised step / K) / (time of a single
 the cost of one chain-step, vectorised, relative to one chain alone. Rounds alternate the two so
 that machine noise hits both; the ratio is the median over rounds, with its quartiles.
 
+The row "floor (hand-written)" is the same ratio for hand-written steps without Pyro: one
+chain's minibatch log joint (Normal prior as a sum of squares, ``-(N/B) * cross_entropy``)
+through ``torch.func.functional_call``, its gradient and an SGLD update, against the same for
+``K`` chains with batched matrix products (``torch.baddbmm``, each chain its own minibatch)
+and one update of the stacked parameters: what batching alone buys on this machine.
+
 Run
 ---
     .venv/bin/python benchmarks/vectorized_chains.py            # full run, a few minutes
@@ -122,6 +128,62 @@ def measure(name: str, network: str, k: int, rounds: int, draws: int) -> dict:
             "ratio_median": statistics.median(ratios), "ratio_q1": q[0], "ratio_q3": q[2]}
 
 
+def measure_floor(network: str, k: int, rounds: int, steps: int = 20) -> dict:
+    """The hand-written single-chain step against a hand-written batched step of K chains."""
+    make_net, input_shape = NETWORKS[network]
+    torch.manual_seed(0)
+    net = make_net()
+    x, y = so.random_data(input_shape)
+    n, b = so.NUM_DATA, so.BATCH_SIZE
+    linears = [m for m in net if isinstance(m, nn.Linear)]
+    one = [p.detach().clone().requires_grad_() for m in linears for p in (m.weight, m.bias)]
+    many = [p.detach().unsqueeze(0).repeat(k, *[1] * p.dim()).requires_grad_() for p in one]
+
+    def log_joint(params, xb, yb, batched):
+        h = xb
+        for i in range(0, len(params), 2):
+            w, bias = params[i], params[i + 1]
+            h = (torch.baddbmm(bias.unsqueeze(1), h, w.transpose(1, 2)) if batched
+                 else torch.nn.functional.linear(h, w, bias))
+            if i + 2 < len(params):
+                h = h.relu()
+        logits = h.reshape(-1, h.shape[-1])
+        ll = -(n / b) * torch.nn.functional.cross_entropy(logits, yb.reshape(-1), reduction="sum")
+        return ll - 0.5 * sum((p * p).sum() for p in params)
+
+    def step(params, batched):
+        if batched:
+            idx = torch.stack([torch.randint(n, (b,)) for _ in range(k)])
+            xb, yb = x[idx], y[idx]
+        else:
+            idx = torch.randint(n, (b,))
+            xb, yb = x[idx], y[idx]
+        grads = torch.autograd.grad(log_joint(params, xb, yb, batched), params)
+        with torch.no_grad():
+            torch._foreach_add_(params, grads, alpha=STEP)
+            torch._foreach_add_(params, [torch.randn_like(p) for p in params],
+                                alpha=(2 * STEP) ** 0.5)
+
+    def timed(params, batched):
+        start = time.perf_counter()
+        for _ in range(steps):
+            step(params, batched)
+        return (time.perf_counter() - start) / steps
+
+    timed(one, False), timed(many, True)
+    ratios, t1s, tks = [], [], []
+    for _ in range(rounds):
+        t1, tk = timed(one, False), timed(many, True)
+        t1s.append(t1)
+        tks.append(tk)
+        ratios.append(tk / k / t1)
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    return {"network": network, "kernel": "floor (hand-written)", "K": k,
+            "ms_per_step_single": 1e3 * statistics.median(t1s),
+            "ms_per_step_vectorized": 1e3 * statistics.median(tks),
+            "ratio_median": statistics.median(ratios), "ratio_q1": q[0], "ratio_q3": q[2]}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--chains", type=int, default=8)
@@ -135,8 +197,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.rounds, args.draws, args.kernels = 3, 1, ["SGLD"]
     torch.set_num_threads(args.threads)
-    rows = [measure(name, network, args.chains, args.rounds, args.draws)
-            for network in NETWORKS for name in args.kernels]
+    rows = []
+    for network in NETWORKS:
+        rows.append(measure_floor(network, args.chains, args.rounds))
+        rows += [measure(name, network, args.chains, args.rounds, args.draws)
+                 for name in args.kernels]
     lines = [f"| network | kernel | one chain, ms/step | {args.chains} vectorised chains, "
              "ms/step | chain-step cost, vectorised / one chain (median [quartiles]) |",
              "|---|---|---:|---:|---|"]

@@ -1,8 +1,6 @@
 import os
 import sys
 
-import pyro
-import pytest
 import torch
 
 # ``import harness`` from any test module, and from spawned worker processes (they inherit sys.path)
@@ -10,8 +8,3 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 torch.set_num_threads(1)
 
-
-@pytest.fixture(autouse=True)
-def _clear_param_store():
-    pyro.clear_param_store()
-    yield

@@ -306,6 +306,11 @@ class SGMCMCKernel(MCMCKernel):
         return self._layout
 
     @property
+    def in_warmup(self) -> bool:
+        """Whether the draw being made is a warmup draw of the current run."""
+        return self._draw < self._warmup_steps
+
+    @property
     def num_steps(self) -> int:
         """SG steps taken so far by this chain (continues across a resume)."""
         return self._t
@@ -677,16 +682,18 @@ class SGMCMCKernel(MCMCKernel):
 
     def _warn_if_blown_up(self, grad_norm: torch.Tensor) -> None:
         """A chain can explode and stay finite; say so when a draw's gradient norm jumps far
-        above the run's median (the draws stay as they are, marked by their statistics)."""
+        above the run's median (the draws stay as they are, marked by their statistics).
+        ``grad_norm`` is ``(draws,)``, or ``(draws, K)`` for vectorised chains."""
         finite = grad_norm[torch.isfinite(grad_norm)]
         if len(finite) < 4:
             return
         median = float(finite.median())
-        jumps = torch.nonzero(grad_norm > BLOW_UP_FACTOR * median).flatten()
+        jumps = torch.nonzero(grad_norm > BLOW_UP_FACTOR * median)
         if len(jumps) and median > 0:
-            first = int(jumps[0])
+            first = tuple(int(i) for i in jumps[0])
+            where = f"draw {first[0]}" + (f" of chain {first[1]}" if len(first) > 1 else "")
             warnings.warn(
-                f"{type(self).__name__}: the gradient norm at draw {first} is "
+                f"{type(self).__name__}: the gradient norm at {where} is "
                 f"{float(grad_norm[first]):.3g}, over {BLOW_UP_FACTOR:g} times the run's median "
                 f"{median:.3g}, at {len(jumps)} draws: the chain may have blown up; look at the "
                 "lp and grad_norm statistics and try a smaller step_size",

@@ -140,17 +140,14 @@ class ContourSGLD(SGMCMCKernel):
         that grows without bound. Clip :math:`\mu` and, on such a toy, keep the chain in a
         box with ``bounds`` (as tutorial 02 does).
     vectorized_chains : int, optional
-        ``K``: run ``K`` independent chains in one kernel. Needs a ``potential_fn`` that
-        returns a tensor of ``K`` energies, one per chain, for parameters whose every site has
-        a leading dimension ``K`` (row ``c`` is chain ``c``); the gradient of their sum holds
-        each chain's gradient. Each chain has its own bin, ``g`` (``energy_pdf`` is then
-        ``(K, m)``), multiplier and box rejection; the bins (also ``auto_bins``, placed from
-        all chains' warmup energies) and the SA step count are shared. ``energy``,
-        ``energy_bin`` and ``log_weight`` become ``(draws, K)``; ``lp`` and ``grad_norm`` are
-        those of the sum, and a non-finite energy in any chain restarts all chains from the
-        last finite state. Use ``reweight(..., chain_dim=1)``. Each chain follows the
-        single-chain rule exactly (tested against a plain loop); the point is speed on small
-        problems, whose steps cost Python overhead, not arithmetic.
+        ``K`` chains in one kernel (an argument of every kernel, see
+        :class:`~pyro_flat.infer.mcmc.base.SGMCMCKernel`): of a model, or of a ``potential_fn``
+        that returns ``K`` energies for parameters with a leading dimension ``K``. Each chain
+        has its own bins (``auto_bins`` places them from its own warmup energies), ``g``
+        (``energy_pdf`` is ``(K, m)``), SA step count, multiplier and box rejections; the
+        single chain is the case ``K = 1`` of the same code. Statistics are ``(draws, K)`` in
+        ``diagnostics()`` and per chain in :func:`pyro_flat.sample_stats`; reweight each
+        chain's draws with its own weights (``reweight(..., chain_dim=...)``).
     bounds : (float, float), optional
         Keep the flat (unconstrained) parameters in the box ``[low, high]^d``: an SG step whose
         move would leave it is rejected and :math:`\theta` stays where it is (the SA update of
@@ -262,29 +259,27 @@ class ContourSGLD(SGMCMCKernel):
     def _state_fields(self) -> tuple[StateField, ...]:
         """The chain's state: the learned energy PDF ``g`` (``energy_pdf``), the SA step count,
         the bins (placed at the end of warmup with ``auto_bins``), the warmup energies that
-        place them, and the count of steps ``bounds`` rejected. With vectorised chains each
-        has a leading dimension ``K`` (the bins are then ``NaN`` until placed)."""
+        place them, and the count of steps ``bounds`` rejected. With vectorised chains ``g``
+        has a leading dimension ``K`` and the others are lists, one value per chain."""
         k = self.vectorized_chains
 
-        def per_chain(value: Any, dtype: torch.dtype) -> Any:
-            if k is None:
-                return value
-            return torch.full((k,), math.nan if value is None else value, dtype=dtype)
+        def per_chain(value: Any) -> Any:
+            return value if k is None else [value] * k  # one Python number per chain
 
         fields = [
             NOISE,
             StateField("energy_pdf", "g, the learned energy PDF, (m,) or (K, m)",
                        init=self._initial_energy_pdf),
             StateField("num_sa_updates", "SA updates of g so far",
-                       init=lambda state: per_chain(0, torch.long)),
+                       init=lambda state: per_chain(0)),
             StateField("min_energy", "lower edge of bin 0 (None until auto_bins places it)",
-                       init=lambda state: per_chain(self._bins_given[0], torch.float64)),
+                       init=lambda state: per_chain(self._bins_given[0])),
             StateField("bin_width", "the bin width (None until auto_bins places it)",
-                       init=lambda state: per_chain(self._bins_given[1], torch.float64)),
+                       init=lambda state: per_chain(self._bins_given[1])),
             StateField("warmup_energies", "energies of warmup, for auto_bins",
                        init=lambda state: [] if k is None else [[] for _ in range(k)]),
             StateField("num_rejected", "SG steps rejected by bounds",
-                       init=lambda state: per_chain(0, torch.long)),
+                       init=lambda state: per_chain(0)),
         ]
         if self.bounds is not None:
             fields.append(StateField("before", "the position before a step that bounds may "
@@ -320,23 +315,10 @@ class ContourSGLD(SGMCMCKernel):
     def _chain_values(self, name: str) -> list[Any]:
         """A per-chain part of the state as one Python value per chain."""
         value = getattr(self.state, name)
-        if self.vectorized_chains is None:
-            return [value]
-        if torch.is_tensor(value):
-            return [None if isinstance(v, float) and math.isnan(v) else v
-                    for v in value.tolist()]
-        return value
+        return [value] if self.vectorized_chains is None else value
 
     def _set_chain_values(self, name: str, values: list[Any]) -> None:
-        if self.vectorized_chains is None:
-            setattr(self.state, name, values[0])
-            return
-        current = getattr(self.state, name)
-        if torch.is_tensor(current):
-            current.copy_(torch.tensor([math.nan if v is None else v for v in values],
-                                       dtype=current.dtype))
-        else:
-            setattr(self.state, name, values)
+        setattr(self.state, name, values[0] if self.vectorized_chains is None else values)
 
     @property
     def min_energy(self) -> float | list[float] | None:
@@ -374,10 +356,7 @@ class ContourSGLD(SGMCMCKernel):
         if getattr(self, "_bins_placed_in", None) is self.state:
             return True
         width = self.state.bin_width
-        if torch.is_tensor(width):  # vectorised chains: placed together, NaN until then
-            placed = not bool(torch.isnan(width[0]))
-        else:
-            placed = width is not None
+        placed = (width if self.vectorized_chains is None else width[0]) is not None
         if placed:  # bins never move once placed
             self._bins_placed_in = self.state
         return placed
@@ -417,7 +396,7 @@ class ContourSGLD(SGMCMCKernel):
         """With ``auto_bins``: keep warmup energies, place the bins at the first step after."""
         if not self.auto_bins or self.bins_fixed:
             return
-        if self._draw < self._warmup_steps:
+        if self.in_warmup:
             if self.vectorized_chains is None:
                 self.state.warmup_energies.append(energies[0])
             else:
@@ -431,15 +410,20 @@ class ContourSGLD(SGMCMCKernel):
         """The bin ``J(u)`` of an energy (below the first edge: 0, above the last: ``m - 1``)
         in the bins of ``chain`` (vectorised chains)."""
         lo, width = self._bins(chain)
-        j = math.floor((u - lo) / width)
-        return min(max(j, 0), self.num_bins - 1)
+        return _bin(u, lo, width, self.num_bins)
 
     def _bin_tensors(self) -> tuple[Any, Any]:
         """The bins' lower edges and widths: floats, or ``(K,)`` tensors for vectorised
         chains."""
         if self.state is None or self.vectorized_chains is None:
             return self.min_energy, self.bin_width
-        return self.state.min_energy, self.state.bin_width
+        lows, widths = self.state.min_energy, self.state.bin_width
+        cached = getattr(self, "_bin_tensors_of", None)
+        if cached is None or cached[0] is not lows or cached[1] is not widths:
+            cached = (lows, widths, torch.tensor(lows, dtype=torch.float64),
+                      torch.tensor(widths, dtype=torch.float64))
+            self._bin_tensors_of = cached
+        return cached[2], cached[3]
 
     def _bins(self, chain: int | None) -> tuple[float, float]:
         if chain is None or self.state is None or self.vectorized_chains is None:
@@ -455,11 +439,8 @@ class ContourSGLD(SGMCMCKernel):
             return 1.0
         g = self._g if chain is None else self._g[chain]
         jm = max(j, 1)
-        slope = (math.log(g[jm]) - math.log(g[jm - 1])) / self._bins(chain)[1]
-        mult = 1.0 + self.zeta * self.temperature * slope
-        if self.multiplier_clip is not None:
-            mult = min(max(mult, self.multiplier_clip[0]), self.multiplier_clip[1])
-        return mult
+        return self._multiplier_of_slope(
+            (math.log(g[jm]) - math.log(g[jm - 1])) / self._bins(chain)[1])
 
     def log_weight(self, g: torch.Tensor, u: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         r""":math:`\zeta\Phi(u)` for energies ``u`` in bins ``j`` under the PDF ``g`` (``(m,)``, or
@@ -500,21 +481,14 @@ class ContourSGLD(SGMCMCKernel):
 
     def update(self, state: KernelState, estimate: Estimate, step_size: float) -> None:
         z, grad = state.position, estimate.step_grad
-        if self.vectorized_chains is None:
-            u = float(estimate.energy)
-            self._observe_energies([u], [True])
-            if self.bins_fixed:
-                mult = self._sa_step(u)
-                if mult != 1.0:
-                    grad.mul_(mult)
-        else:
-            active = self.active_chains  # None: every chain takes the step
-            if self.auto_bins and not self.bins_fixed:
-                self._observe_energies(estimate.energy.tolist(), [True] * len(estimate.energy)
-                                       if active is None else active.tolist())
-            if self.bins_fixed:
-                mult = self._sa_step_chains(estimate.energy.double(), active)
-                grad.mul_(mult.to(grad.dtype).unsqueeze(1))
+        active = None if self.active_chains is None else self.active_chains.tolist()
+        if self.auto_bins and not self.bins_fixed:
+            energies = estimate.energy.reshape(-1).tolist()
+            self._observe_energies(energies, active or [True] * len(energies))
+        if self.bins_fixed:
+            mults = self._sa_step(estimate.energy, active)
+            if any(m != 1.0 for m in mults):
+                grad.mul_(torch.tensor(mults, dtype=grad.dtype).view(*z.shape[:-1], 1))
         if self.bounds is not None:
             state.before.copy_(z)
         langevin_step_(z, grad, step_size, self.temperature, state.noise, metric=self.metric)
@@ -522,42 +496,51 @@ class ContourSGLD(SGMCMCKernel):
             outside = ~((z >= self.bounds[0]) & (z <= self.bounds[1])).all(-1)
             if bool(outside.any()):
                 z.copy_(torch.where(outside.unsqueeze(-1), state.before, z))
-                if self.vectorized_chains is None:
-                    state.num_rejected += 1
-                else:
-                    state.num_rejected += outside.long()
+                rejected = self._chain_values("num_rejected")
+                flags = outside.reshape(-1).tolist()
+                self._set_chain_values("num_rejected", [
+                    n + int(out and (active is None or active[c]))
+                    for c, (n, out) in enumerate(zip(rejected, flags, strict=True))])
 
-    def _sa_step(self, u: float) -> float:
-        """One chain: the SA update of ``g`` with the energy ``u``; returns the multiplier."""
-        state = self.state
-        j = self.bin_of(u)
-        state.num_sa_updates += 1
-        g = state.energy_pdf
-        gain = self.sa_step_size(state.num_sa_updates) * float(g[j]) ** self.sa_power
-        g.mul_(1.0 - gain)
-        g[j] += gain
-        return self.multiplier(j)
-
-    def _sa_step_chains(self, u: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
-        """:meth:`_sa_step` of every active chain at once (``K`` energies; ``active=None``:
-        every chain); the multipliers."""
-        state = self.state
-        rows = torch.arange(len(u))
-        if active is None:
-            j = self.bins_of(u)
-            state.num_sa_updates += 1
-        else:
-            j = torch.where(active, self.bins_of(torch.where(active, u, 0.0)), 0)
-            state.num_sa_updates += active.long()
-        k = state.num_sa_updates.double()
-        omega = torch.clamp(10.0 / (k**0.8 + 100.0), max=self.omega0)
-        g = state.energy_pdf
-        gain = omega * g[rows, j] ** self.sa_power
+    def _sa_step(self, energy: torch.Tensor, active: list[bool] | None) -> list[float]:
+        """The SA update of each active chain's ``g`` with its energy; returns each chain's
+        gradient multiplier (1 for a chain that skips the step). Bins, ``g`` and the
+        multiplier's inputs are tensor operations over the chains (whose float64 arithmetic is
+        Python's); the powers and logarithms are Python's, chain by chain, so that one chain
+        computes exactly what it always has."""
+        g = self.state.energy_pdf.view(-1, self.num_bins)
+        u = energy.double().reshape(-1)
+        if active is not None:  # a chain that skips the step may have a non-finite energy
+            u = torch.where(torch.tensor(active), u, 0.0)
+        j = self.bins_of(u)
+        counts = [n + 1 if active is None or active[c] else n
+                  for c, n in enumerate(self._chain_values("num_sa_updates"))]
+        self._set_chain_values("num_sa_updates", counts)
+        omega = {n: self.sa_step_size(n) for n in set(counts)}
+        rows = torch.arange(len(counts))
+        gains = [omega[n] * gj ** self.sa_power for n, gj in zip(counts, g[rows, j].tolist(),
+                                                                    strict=True)]
         if active is not None:
-            gain = torch.where(active, gain, 0.0)
+            gains = [x if ok else 0.0 for x, ok in zip(gains, active, strict=True)]
+        gain = torch.tensor(gains, dtype=g.dtype)
         g.mul_((1.0 - gain).unsqueeze(1))
         g[rows, j] += gain
-        return self.multipliers(j)
+        if self.zeta == 0.0:
+            return [1.0] * len(counts)
+        jm = j.clamp(min=1)
+        widths = self._chain_values("bin_width")
+        mults = [self._multiplier_of_slope((math.log(hi) - math.log(lo)) / w)
+                 for hi, lo, w in zip(g[rows, jm].tolist(), g[rows, jm - 1].tolist(), widths,
+                                      strict=True)]
+        if active is not None:
+            mults = [m if ok else 1.0 for m, ok in zip(mults, active, strict=True)]
+        return mults
+
+    def _multiplier_of_slope(self, slope: float) -> float:
+        mult = 1.0 + self.zeta * self.temperature * slope
+        if self.multiplier_clip is not None:
+            mult = min(max(mult, self.multiplier_clip[0]), self.multiplier_clip[1])
+        return mult
 
     def bins_of(self, u: torch.Tensor) -> torch.Tensor:
         """:meth:`bin_of` of each of a tensor of energies (one per chain for vectorised
@@ -566,25 +549,12 @@ class ContourSGLD(SGMCMCKernel):
         j = torch.floor((u.double() - lo) / width)
         return j.clamp_(0, self.num_bins - 1).long()
 
-    def multipliers(self, j: torch.Tensor) -> torch.Tensor:
-        """:meth:`multiplier` of each chain ``c`` in bin ``j[c]`` (``K`` chains)."""
-        if self.zeta == 0.0:
-            return torch.ones(len(j), dtype=torch.float64)
-        rows = torch.arange(len(j))
-        jm = j.clamp(min=1)
-        g = self._g.view(-1, self.num_bins)
-        slope = (g[rows, jm].log() - g[rows, jm - 1].log()) / self._bin_tensors()[1]
-        mult = 1.0 + self.zeta * self.temperature * slope
-        if self.multiplier_clip is not None:
-            mult = mult.clamp(*self.multiplier_clip)
-        return mult
-
     # ------------------------------------------------------------------ statistics
 
     def statistics_at_draw(self, energy: float | list[float]) -> dict[str, Any]:
         """``energy``, ``energy_bin`` and ``log_weight`` of the draw, with ``g`` before the SA
         update that uses this energy (lists, one per chain, for vectorised chains)."""
-        if self.auto_bins and not self.bins_fixed and self._draw >= self._warmup_steps:
+        if self.auto_bins and not self.bins_fixed and not self.in_warmup:
             self._fix_bins()
         if self.vectorized_chains is not None:
             return self._statistics_chains(torch.tensor(energy, dtype=torch.float64))
@@ -615,10 +585,13 @@ class ContourSGLD(SGMCMCKernel):
         out = super().diagnostics()
         out["energy_pdf"] = self._g.clone()
         out["energy_edges"] = self.energy_edges if self.bins_fixed else None
-        out["num_sa_updates"] = (self.state.num_sa_updates if self.vectorized_chains is None
-                                 else self._chain_values("num_sa_updates"))
+        out["num_sa_updates"] = self.state.num_sa_updates
         out["num_rejected"] = self.num_rejected
         return out
+
+
+def _bin(u: float, min_energy: float, bin_width: float, num_bins: int) -> int:
+    return min(max(math.floor((u - min_energy) / bin_width), 0), num_bins - 1)
 
 
 def reweight(

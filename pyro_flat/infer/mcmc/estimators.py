@@ -124,19 +124,26 @@ class SharpnessAwareGradient:
             # non-finite (the kernel stops or falls back) or zero gradient (e = 0)
             sharpness = 0.0 if math.isfinite(float(u)) else math.nan
             return Estimate(u, g, g, {"sharpness": sharpness})
-        theta.copy_(position)
-        try:
-            with kept_running_stats(self.batchnorm_modules):
-                position.add_(e)
-                u_e, g_e = evaluate(batch)
-        finally:
-            position.copy_(theta)  # exact restore, not theta + e - e
+        u_e, g_e = self._perturbed_pass(position, e, theta, evaluate, batch)
         sharpness = float(u_e - u)
         if not (math.isfinite(float(u_e)) and bool(torch.isfinite(g_e).all())):
             # the step is non-finite: report the perturbed pass, whose sites are the culprits
             return Estimate(u_e, g_e, g_e, {"sharpness": sharpness})
         return Estimate(u, grad_at_theta, g_e, {"sharpness": sharpness})
 
+
+    def _perturbed_pass(self, position: torch.Tensor, e: torch.Tensor, theta: torch.Tensor,
+                        evaluate: Evaluate, batch: torch.Tensor | None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(U, grad U)`` at ``position + e``, BatchNorm statistics kept, ``position`` restored
+        exactly (from the copy ``theta``, not as ``theta + e - e``)."""
+        theta.copy_(position)
+        try:
+            with kept_running_stats(self.batchnorm_modules):
+                position.add_(e)
+                return evaluate(batch)
+        finally:
+            position.copy_(theta)
 
     def _chains(self, position: torch.Tensor, evaluate: Evaluate, batch: torch.Tensor | None,
                 u: torch.Tensor, g: torch.Tensor) -> Estimate:
@@ -159,13 +166,7 @@ class SharpnessAwareGradient:
         sharpness = [0.0 if ok else math.nan for ok in finite]
         if not any(perturbed):
             return Estimate(u, g, g, {"sharpness": sharpness})
-        theta.copy_(position)
-        try:
-            with kept_running_stats(self.batchnorm_modules):
-                position.add_(e)
-                u_e, g_e = evaluate(batch)
-        finally:
-            position.copy_(theta)
+        u_e, g_e = self._perturbed_pass(position, e, theta, evaluate, batch)
         rows = torch.tensor(perturbed)
         second_finite = (torch.isfinite(u_e) & torch.isfinite(g_e).all(-1)) | ~rows
         energy = torch.where(second_finite, u, u_e)

@@ -148,6 +148,19 @@ def test_a_non_finite_chain_falls_back_alone_and_stops_by_name():
     assert diverging[1].all() and not diverging[0].any()
 
 
+def test_a_blown_up_chain_is_named():
+    """Chain 2's gradient is 1e6 where the others' are about 1: the run warns, naming it."""
+
+    def potential(params):
+        x = params["x"][:, 0]
+        return torch.stack([0.5 * x[0] ** 2, 0.5 * x[1] ** 2, 1e6 * x[2]])
+
+    kernel = SGLD(potential_fn=potential, initial_params={"x": torch.ones(3, 1)},
+                  step_size=1e-9, temperature=0.0, vectorized_chains=3)
+    with pytest.warns(RuntimeWarning, match=r"at draw 0 of chain 2 is 1e\+06"):
+        harness.run(kernel, 6, 0, 0)
+
+
 def test_adaptation_takes_the_smallest_step_of_the_chains():
     x, y = harness.linear_regression_data(n=100)
     model = harness.BayesianLinearRegression(2, 2.0, 1.0, batch_size=20)
