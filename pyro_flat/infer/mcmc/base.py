@@ -4,15 +4,16 @@ A subclass states its update rule in :meth:`SGMCMCKernel.update`, the state it c
 the position as ``state_fields`` (:mod:`~pyro_flat.infer.mcmc.state`) and, if it is not the
 plain minibatch gradient, its gradient estimator (:mod:`~pyro_flat.infer.mcmc.estimators`);
 everything else lives here: tracing the model, transforms to the unconstrained space,
-initialisation, minibatches, the potential and its gradient, step-size schedules and warmup
-adaptation, thinning, per-draw statistics (:mod:`~pyro_flat.infer.mcmc.recorder`), divergence
-handling and checkpoints, all derived from the named state.
+initialisation, minibatches, the potential and its gradient, step-size schedules, thinning,
+per-draw statistics (:mod:`~pyro_flat.infer.mcmc.recorder`), divergence handling and
+vectorised chains, with warmup adaptation (:mod:`~pyro_flat.infer.mcmc.warmup`) and
+checkpoints (:mod:`~pyro_flat.infer.mcmc.checkpoint`) as mixins, all derived from the named
+state.
 """
 
 from __future__ import annotations
 
 import inspect
-import logging
 import math
 import warnings
 from collections import OrderedDict, deque
@@ -24,24 +25,20 @@ import torch
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from pyro_flat import validation
-from pyro_flat.batchnorm_state import find_batchnorm, kept_running_stats
 from pyro_flat.infer.mcmc import adaptation
 from pyro_flat.infer.mcmc.adaptation import DiagonalMetric
 from pyro_flat.infer.mcmc.chains import ChainStreams, VectorizedPotential
+from pyro_flat.infer.mcmc.checkpoint import Checkpoints
 from pyro_flat.infer.mcmc.estimators import Estimate, MinibatchGradient
 from pyro_flat.infer.mcmc.layout import FlatLayout, Site
 from pyro_flat.infer.mcmc.minibatch import MinibatchStream
 from pyro_flat.infer.mcmc.potential import ModelPotential, trace_model
 from pyro_flat.infer.mcmc.recorder import DrawRecorder
 from pyro_flat.infer.mcmc.state import KernelState, StateField
+from pyro_flat.infer.mcmc.warmup import WarmupAdaptation, _as_scalar
 
-#: Checkpoint format: 2 names the kernel state's fields (``state_fields``); 1, the format
-#: before named state, has the same keys for every kernel and still loads.
-_STATE_VERSION = 2
-_LOADABLE_VERSIONS = (1, 2)
 #: A draw whose gradient norm exceeds this multiple of the run's median raises a warning.
 BLOW_UP_FACTOR = 100.0
-_LOG = logging.getLogger("pyro_flat.adaptation")
 
 
 class _UserPotential:
@@ -74,7 +71,7 @@ def _per_chain_shapes(shapes: dict[str, torch.Size], k: int) -> dict[str, torch.
     return out
 
 
-class SGMCMCKernel(MCMCKernel):
+class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
     r"""Base class of the stochastic-gradient MCMC kernels, for use with :class:`pyro.infer.MCMC`.
 
     The target is :math:`\pi_T(\theta) \propto \exp(-U(\theta)/T)` with the minibatch potential
@@ -438,119 +435,6 @@ class SGMCMCKernel(MCMCKernel):
     def position(self) -> torch.Tensor:
         """The chain's current parameters: one flat, unconstrained tensor (see :attr:`layout`)."""
         return self._z
-
-    # ------------------------------------------------------------------ warmup adaptation
-
-    @property
-    def adapts(self) -> bool:
-        """Whether warmup chooses the step size (no ``step_size`` and no schedule given)."""
-        return self._adapt_requested
-
-    def _reset_adaptation(self) -> None:
-        self.metric = None
-        self._adapted_step_size = None
-        self._adaptation_log: list[dict[str, float]] = []
-        self._estimate_at: list[int] = []
-        self._moment_sum: torch.Tensor | None = None
-        self._moment_count = 0
-        self._metric_from_start = True
-
-    def _plan_adaptation(self, warmup_steps: int, z: torch.Tensor) -> None:
-        if not self.adapts or (self._adapted_step_size is not None and not warmup_steps):
-            return  # an explicit step size, or a resumed run that adapted already
-        if warmup_steps < 1:
-            raise ValueError(
-                f"{type(self).__name__} was built without a step_size, so warmup chooses it, "
-                f"but warmup_steps={warmup_steps}: give MCMC(..., warmup_steps=...) of at least "
-                "1 (a few hundred draws are usual) or an explicit step_size"
-            )
-        self._estimate_at = adaptation.estimate_points(warmup_steps)
-        if self.preconditioner == "diag":
-            self._moment_sum = torch.zeros_like(z)
-            if z.dim() > 1:  # vectorised chains: a chain that skips a step does not count it
-                self._moment_count = torch.zeros(*z.shape[:-1], 1, dtype=z.dtype)
-
-    def potential_of(
-        self, params: dict[str, torch.Tensor], batch: torch.Tensor | None
-    ) -> torch.Tensor:
-        r""":math:`\hat U` of ``params`` (unconstrained, per site) on ``batch``, differentiable
-        (twice): the model's potential plus the closed-form prior the hot path adds."""
-        u = torch.as_tensor(self.potential(params, batch))
-        lead = self._z.shape[:-1]
-        if u.dim():
-            u = u.sum() if lead else _as_scalar(u)  # chains are independent: sum their U
-        flat_prior = getattr(self.potential, "flat_prior", None)
-        if flat_prior is not None:
-            z = torch.cat([params[s.name].reshape(*lead, -1) for s in self._layout.sites],
-                          dim=-1)
-            d = z - flat_prior.loc
-            u = u + 0.5 * (d * flat_prior.precision * d).sum()
-        return u
-
-    def _top_curvature(self) -> float:
-        """The largest |eigenvalue| of the minibatch Hessian (of :math:`P^{1/2} H P^{1/2}` with a
-        metric), by :func:`pyro_flat.flatness.hessian_top_eigenvalue`. For vectorised chains,
-        the Hessian of the sum of their potentials, block-diagonal: the largest over chains."""
-        from pyro_flat.flatness import hessian_top_eigenvalue
-
-        rng = pyro.util.get_rng_state()
-        streams = None if self.chain_streams is None else self.chain_streams.get_state()
-        try:
-            batch = self._peek_batch()
-        finally:
-            pyro.util.set_rng_state(rng)
-            if streams is not None:
-                self.chain_streams.set_state(streams)
-        scale = None if self.metric is None else self._site_views(self.metric.scale)
-
-        def potential(phi: dict[str, torch.Tensor]) -> torch.Tensor:
-            params = phi if scale is None else {k: v * scale[k] for k, v in phi.items()}
-            return self.potential_of(params, batch)
-
-        start = {k: v.detach() if scale is None else v.detach() / scale[k]
-                 for k, v in self._site_views(self._z).items()}
-        generator = torch.Generator().manual_seed(2_654_435_761 + self._t)
-        with kept_running_stats(find_batchnorm(self.model)):
-            curvature, _ = hessian_top_eigenvalue(
-                potential, start, num_iters=adaptation.POWER_ITERATIONS,
-                tol=adaptation.POWER_TOLERANCE, generator=generator)
-        return abs(curvature)
-
-    def _adapt(self) -> None:
-        """Re-estimate the step size (and the metric) at this warmup draw."""
-        self._estimate_at.pop(0)
-        if self._moment_sum is not None and bool(torch.all(torch.as_tensor(self._moment_count)
-                                                          > 0)):
-            self.metric = DiagonalMetric.from_moments(self._moment_sum / self._moment_count)
-            if self._metric_from_start:  # forget the first window, the transient from the start
-                self._moment_sum.zero_()
-                self._moment_count = self._moment_count * 0
-                self._metric_from_start = False
-        if not self._estimate_at:
-            self._moment_sum = None  # the metric is frozen from here on
-        curvature = self._top_curvature()
-        limit = self.stability_limit(curvature) if curvature > 0 else math.inf
-        step = self.stability_fraction * limit
-        if not (math.isfinite(step) and step > 0):
-            if self._adapted_step_size is not None:  # keep the last good estimate
-                _LOG.warning("%s: curvature estimate %r at warmup draw %d unusable; keeping "
-                             "step size %.4g", type(self).__name__, curvature, self._draw,
-                             self._adapted_step_size)
-                return
-            raise ValueError(
-                f"{type(self).__name__}: warmup could not choose a step size at draw "
-                f"{self._draw}: the largest curvature of the potential is {curvature!r} (a "
-                "potential that is linear, or not finite, at the initial parameters); give "
-                "an explicit step_size"
-            )
-        self.check_step_size(step)
-        self._adapted_step_size = step
-        record = {"draw": self._draw, "num_sg_steps": self._t, "curvature": curvature,
-                  "stability_limit": limit, "step_size": step}
-        self._adaptation_log.append(record)
-        _LOG.info("%s: warmup draw %d (SG step %d): largest curvature %.4g, stability limit "
-                  "%.4g, step size %.4g%s", type(self).__name__, self._draw, self._t,
-                  curvature, limit, step, " (diagonal metric)" if self.metric else "")
 
     def _make_draw_layout(self) -> FlatLayout:
         """The sites of a draw: the model's, then a copy for each field returned with draws."""
@@ -931,101 +815,6 @@ class SGMCMCKernel(MCMCKernel):
             "Try a smaller step_size."
         )
 
-    # ------------------------------------------------------------------ checkpoints
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue this chain exactly where it stopped.
-
-        Call it after ``MCMC.run`` (the random state is the one at the end of the run) or
-        between draws from a ``hook_fn``; pass the result to :meth:`load_state_dict` of a
-        kernel built with the same arguments before the next run.
-        """
-        if self.state is None:
-            raise RuntimeError("state_dict() needs a kernel that has run (or been set up)")
-        return {
-            "version": _STATE_VERSION,
-            "kernel": type(self).__name__,
-            "sites": [(s.name, tuple(s.shape)) for s in self._layout.sites],
-            "z": self._z.detach().clone(),
-            "num_sg_steps": self._t,
-            "kernel_state": self.state.checkpoint(),
-            "minibatch": None if self._stream is None else (
-                self._stream.state_dict() if self.vectorized_chains is None
-                else [stream.state_dict() for stream in self._streams]),
-            "rng": self._rng_for_checkpoint(),
-            "aux_rng": self.aux_generator_state(),
-            "chain_rng": None if self.chain_streams is None else self._chain_rng_for_checkpoint(),
-            "adaptation": self._adaptation_state(),
-        }
-
-    def _adaptation_state(self) -> dict[str, Any] | None:
-        if self._adapted_step_size is None:
-            return None
-        return {
-            "step_size": self._adapted_step_size,
-            "inverse_mass": None if self.metric is None else self.metric.inverse_mass.clone(),
-            "log": [dict(r) for r in self._adaptation_log],
-        }
-
-    def aux_generator_state(self) -> torch.Tensor:
-        """State of :attr:`aux_generator` for a checkpoint (a kernel that draws ahead overrides)."""
-        return self.aux_generator.get_state()
-
-    def _chain_rng_for_checkpoint(self) -> list[torch.Tensor]:
-        end = getattr(self, "_chain_rng_at_end", None)
-        if end is not None and end[0] == self._t:
-            return end[1]
-        return self.chain_streams.get_state()
-
-    def _rng_for_checkpoint(self) -> dict[str, Any]:
-        end = getattr(self, "_rng_at_end", None)
-        if end is not None and end[0] == self._t:
-            return end[1]
-        return pyro.util.get_rng_state()  # between draws of a run (e.g. from a hook_fn)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` at the next :meth:`setup` (i.e. the next ``MCMC.run``)."""
-        if (state.get("version") not in _LOADABLE_VERSIONS
-                or state.get("kernel") != type(self).__name__):
-            raise ValueError(
-                f"state was saved by {state.get('kernel')!r} (version {state.get('version')}), "
-                f"not by {type(self).__name__} (versions {_LOADABLE_VERSIONS} load)"
-            )
-        self._resume_state = state
-
-    def _restore(self, state: dict[str, Any]) -> torch.Tensor:
-        sites = [(s.name, tuple(s.shape)) for s in self._layout.sites]
-        if [tuple(x) for x in state["sites"]] != [(n, tuple(s)) for n, s in sites]:
-            raise ValueError(f"saved sites {state['sites']} differ from the model's {sites}")
-        z = state["z"].clone()
-        expected = (self._layout.size,) if self.vectorized_chains is None else (
-            self.vectorized_chains, self._layout.size)
-        if tuple(z.shape) != expected:
-            raise ValueError(f"the checkpoint holds parameters of shape {tuple(z.shape)}; this "
-                             f"kernel's are {expected} (vectorized_chains="
-                             f"{self.vectorized_chains})")
-        self._t = int(state["num_sg_steps"])
-        self.state = KernelState.create(z, self.state_fields)
-        self.state.load(state["kernel_state"])
-        saved_streams = state["minibatch"]
-        if self._stream is not None and saved_streams is not None:
-            if self.vectorized_chains is None:
-                saved_streams = [saved_streams]
-            for stream, saved in zip(self._streams, saved_streams, strict=True):
-                stream.load_state_dict(saved)
-        pyro.util.set_rng_state(state["rng"])
-        self.aux_generator.set_state(state["aux_rng"])
-        if self.chain_streams is not None:
-            self.chain_streams.set_state(state["chain_rng"])
-        adapted = state.get("adaptation")  # absent from checkpoints written before adaptation
-        if adapted is not None:
-            self._adapted_step_size = adapted["step_size"]
-            if adapted["inverse_mass"] is not None:
-                self.metric = DiagonalMetric(adapted["inverse_mass"].clone(),
-                                             adapted["inverse_mass"].sqrt())
-            self._adaptation_log = [dict(r) for r in adapted["log"]]
-        return z
-
     def __getstate__(self) -> dict[str, Any]:
         # What a worker process needs: the arguments, not the per-run state.
         keep = {}
@@ -1070,15 +859,6 @@ def _check_finite_arguments(args: tuple, kwargs: dict) -> None:
                 f"{name} holds {bad} non-finite value(s) (NaN or inf); the potential would be "
                 "non-finite at every step. Remove or impute them before mcmc.run(...)"
             )
-
-
-def _as_scalar(u: torch.Tensor) -> torch.Tensor:
-    if u.numel() != 1:
-        raise ValueError(
-            f"the potential must be a scalar (one number, U of all parameters), got a tensor "
-            f"of shape {tuple(u.shape)}; sum the terms of a potential_fn before returning them"
-        )
-    return u.reshape(())
 
 
 def _device_of(args: tuple, kwargs: dict) -> torch.device:

@@ -1,0 +1,116 @@
+"""Checkpoints of an SG-MCMC kernel: the part of :class:`~pyro_flat.infer.mcmc.base.SGMCMCKernel`
+that saves a chain and continues it bitwise (position, named state, minibatch streams, random
+streams, what warmup adapted)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyro.util
+import torch
+
+from pyro_flat.infer.mcmc.adaptation import DiagonalMetric
+from pyro_flat.infer.mcmc.state import KernelState
+
+#: Checkpoint format: 2 names the kernel state's fields (``state_fields``); 1, the format
+#: before named state, has the same keys for every kernel and still loads.
+_STATE_VERSION = 2
+_LOADABLE_VERSIONS = (1, 2)
+
+
+class Checkpoints:
+    """Mixin of :class:`~pyro_flat.infer.mcmc.base.SGMCMCKernel`: ``state_dict`` and
+    ``load_state_dict``."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue this chain exactly where it stopped.
+
+        Call it after ``MCMC.run`` (the random state is the one at the end of the run) or
+        between draws from a ``hook_fn``; pass the result to :meth:`load_state_dict` of a
+        kernel built with the same arguments before the next run.
+        """
+        if self.state is None:
+            raise RuntimeError("state_dict() needs a kernel that has run (or been set up)")
+        return {
+            "version": _STATE_VERSION,
+            "kernel": type(self).__name__,
+            "sites": [(s.name, tuple(s.shape)) for s in self._layout.sites],
+            "z": self._z.detach().clone(),
+            "num_sg_steps": self._t,
+            "kernel_state": self.state.checkpoint(),
+            "minibatch": None if self._stream is None else (
+                self._stream.state_dict() if self.vectorized_chains is None
+                else [stream.state_dict() for stream in self._streams]),
+            "rng": self._rng_for_checkpoint(),
+            "aux_rng": self.aux_generator_state(),
+            "chain_rng": None if self.chain_streams is None else self._chain_rng_for_checkpoint(),
+            "adaptation": self._adaptation_state(),
+        }
+
+    def _adaptation_state(self) -> dict[str, Any] | None:
+        if self._adapted_step_size is None:
+            return None
+        return {
+            "step_size": self._adapted_step_size,
+            "inverse_mass": None if self.metric is None else self.metric.inverse_mass.clone(),
+            "log": [dict(r) for r in self._adaptation_log],
+        }
+
+    def aux_generator_state(self) -> torch.Tensor:
+        """State of :attr:`aux_generator` for a checkpoint (a kernel that draws ahead overrides)."""
+        return self.aux_generator.get_state()
+
+    def _chain_rng_for_checkpoint(self) -> list[torch.Tensor]:
+        end = getattr(self, "_chain_rng_at_end", None)
+        if end is not None and end[0] == self._t:
+            return end[1]
+        return self.chain_streams.get_state()
+
+    def _rng_for_checkpoint(self) -> dict[str, Any]:
+        end = getattr(self, "_rng_at_end", None)
+        if end is not None and end[0] == self._t:
+            return end[1]
+        return pyro.util.get_rng_state()  # between draws of a run (e.g. from a hook_fn)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` at the next :meth:`setup` (i.e. the next ``MCMC.run``)."""
+        if (state.get("version") not in _LOADABLE_VERSIONS
+                or state.get("kernel") != type(self).__name__):
+            raise ValueError(
+                f"state was saved by {state.get('kernel')!r} (version {state.get('version')}), "
+                f"not by {type(self).__name__} (versions {_LOADABLE_VERSIONS} load)"
+            )
+        self._resume_state = state
+
+    def _restore(self, state: dict[str, Any]) -> torch.Tensor:
+        sites = [(s.name, tuple(s.shape)) for s in self._layout.sites]
+        if [tuple(x) for x in state["sites"]] != [(n, tuple(s)) for n, s in sites]:
+            raise ValueError(f"saved sites {state['sites']} differ from the model's {sites}")
+        z = state["z"].clone()
+        expected = (self._layout.size,) if self.vectorized_chains is None else (
+            self.vectorized_chains, self._layout.size)
+        if tuple(z.shape) != expected:
+            raise ValueError(f"the checkpoint holds parameters of shape {tuple(z.shape)}; this "
+                             f"kernel's are {expected} (vectorized_chains="
+                             f"{self.vectorized_chains})")
+        self._t = int(state["num_sg_steps"])
+        self.state = KernelState.create(z, self.state_fields)
+        self.state.load(state["kernel_state"])
+        saved_streams = state["minibatch"]
+        if self._stream is not None and saved_streams is not None:
+            if self.vectorized_chains is None:
+                saved_streams = [saved_streams]
+            for stream, saved in zip(self._streams, saved_streams, strict=True):
+                stream.load_state_dict(saved)
+        pyro.util.set_rng_state(state["rng"])
+        self.aux_generator.set_state(state["aux_rng"])
+        if self.chain_streams is not None:
+            self.chain_streams.set_state(state["chain_rng"])
+        adapted = state.get("adaptation")  # absent from checkpoints written before adaptation
+        if adapted is not None:
+            self._adapted_step_size = adapted["step_size"]
+            if adapted["inverse_mass"] is not None:
+                self.metric = DiagonalMetric(adapted["inverse_mass"].clone(),
+                                             adapted["inverse_mass"].sqrt())
+            self._adaptation_log = [dict(r) for r in adapted["log"]]
+        return z
