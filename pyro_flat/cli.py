@@ -49,7 +49,7 @@ Setup (the same for every method; see :class:`pyro_flat.compare.config.Settings`
   predicts with draws at scale 0.5; an ensemble splits the budget among its members (4 in the
   quick budget, 5 in the full one).
 * SVI (Bayes by Backprop) fits a mean-field ``AutoDiagonalNormal`` guide (initial scale 0.01, means
-  from the network's initialisation) with ``Trace_ELBO`` and Adam at lr 1e-3, one particle;
+  from the network's initialisation) with ``LeanELBO`` and Adam at lr 1e-3, one particle;
   HWA runs that SVI for half the budget, then cycles the learning rate from 1e-3 down to 1e-4,
   averaging once per cycle; sharpness-aware SVI uses ``SharpnessAwareELBO`` (``rho = 0.05``).
   Their model average is over draws of the (averaged) guide.

@@ -12,9 +12,15 @@ from pyro_flat.infer.mcmc import (
     reweight,
 )
 from pyro_flat.infer.mcmc.entropy import select_draws
-from pyro_flat.infer.svi import HWA, SWAG, LocalReparameterization, SharpnessAwareELBO
+from pyro_flat.infer.svi import (
+    HWA,
+    SWAG,
+    LeanELBO,
+    LocalReparameterization,
+    SharpnessAwareELBO,
+)
 
 __all__ = ["SGMCMCKernel", "SGLD", "SGHMC", "CyclicalSGLD", "EntropyMCMC", "ContourSGLD",
            "reweight", "select_draws", "SASGLD", "L2E",
            "HWA", "SWAG",
-           "SharpnessAwareELBO", "LocalReparameterization"]
+           "LeanELBO", "SharpnessAwareELBO", "LocalReparameterization"]

@@ -58,14 +58,18 @@ def normal_log_prob_sum(fn: Any, value: torch.Tensor) -> torch.Tensor | None:
     if parts is None:
         return None
     loc, scale = parts
+    # a float64 value with float32 parameters (e.g. ``Normal(0.0, 1.0)``): sum in float64
+    dtype = torch.promote_types(scale.dtype, value.dtype)
     loc0 = _scalar_view(loc)
     loc = loc if loc0 is None else loc0
     n = value.numel()
     s0 = _scalar_view(scale)
     if s0 is not None:
+        s0 = s0.to(dtype)
         quad = (value - loc).square().sum() / s0.square()
         log_norm = n * (s0.log() + HALF_LOG_2PI)
     else:
+        scale = scale.to(dtype)
         quad = ((value - loc) / scale).square().sum()
         log_norm = scale.log().expand(value.shape).sum() + n * HALF_LOG_2PI
     return -0.5 * quad - log_norm

@@ -17,13 +17,15 @@ from typing import Any
 
 import pyro
 import torch
-from pyro.infer import Trace_ELBO
 from pyro.infer.autoguide import AutoContinuous, AutoDelta, AutoNormal
+from pyro.infer.util import torch_item
 from pyro.util import get_rng_state, set_rng_state, warn_if_nan
 
 from pyro_flat import validation
 from pyro_flat.ascent import ascent_perturbation
 from pyro_flat.batchnorm_state import find_batchnorm, kept_running_stats
+from pyro_flat.infer.svi.lean_elbo import LeanELBO
+from pyro_flat.infer.svi.lean_guides import LeanGuide
 
 #: Name tokens (split at ``.`` and ``_``) that mark a guide parameter as a *mean*, each with the
 #: tokens tried, in order, for its paired *scale*.
@@ -96,9 +98,9 @@ def default_mean_and_scale(name: str, store_names: Iterable[str], guide: Any = N
     return True, None
 
 
-class SharpnessAwareELBO(Trace_ELBO):
-    r"""The sharpness-aware ELBO of F-SGVB: :class:`~pyro.infer.Trace_ELBO` whose gradient is
-    taken at means moved one ascent step up the loss.
+class SharpnessAwareELBO(LeanELBO):
+    r"""The sharpness-aware ELBO of F-SGVB: the ELBO of :class:`~pyro.infer.Trace_ELBO` whose
+    gradient is taken at means moved one ascent step up the loss.
 
     **Target**: the Gaussian (or delta) guide closest to the sharpness-aware posterior
     :math:`q_{SA}(w) \propto \exp\big(-\max_{\|w' - w\| \le \rho} L(w')\big)\, p(w)`,
@@ -160,12 +162,14 @@ class SharpnessAwareELBO(Trace_ELBO):
     With :class:`~pyro_flat.infer.LocalReparameterization` wrapping model and guide, the replayed
     random state also replays the pre-activation noise: that is F-SGVB-LRT.
 
+    **Lean path**: for the guides :class:`~pyro_flat.infer.LeanELBO` covers (``AutoNormal``,
+    ``AutoDiagonalNormal``, ``AutoDelta``, also under local reparameterisation) both passes are
+    LeanELBO's, with its cost; for other guides they are ``Trace_ELBO``'s (LeanELBO warns once).
+
     **Cost**: two forward and backward passes per particle (the first backward only to the
-    means), so at most about twice ``Trace_ELBO``: measured 1.83-1.98x per SVI step on a
-    40-100-100-10 MLP with ``AutoNormal`` / ``AutoDiagonalNormal``
-    (``benchmarks/sharpness_elbo_step_ratio.py``).
-    With ``rho = 0`` the second pass is skipped and loss and gradients are ``Trace_ELBO``'s
-    exactly, at the same seed.
+    means), so about twice the ELBO it is built on (``benchmarks/lean_elbo.py``).
+    With ``rho = 0`` the second pass is skipped: loss and gradients are ``Trace_ELBO``'s at the
+    same seed (to float rounding on the lean path, exactly otherwise).
 
     Parameters
     ----------
@@ -259,11 +263,11 @@ class SharpnessAwareELBO(Trace_ELBO):
             out.append((name, scale))
         return out
 
-    def _means(self, guide: Any, guide_trace: Any) -> list[tuple[str, torch.Tensor,
-                                                                  torch.Tensor | None]]:
-        """``(name, unconstrained mean tensor, scale or None)`` for the guide's mean params."""
+    def _means(self, guide: Any, names: tuple[str, ...]) -> list[tuple[str, torch.Tensor,
+                                                                     torch.Tensor | None]]:
+        """``(name, unconstrained mean tensor, scale or None)`` for the guide's mean params
+        among its parameters ``names``."""
         store = pyro.get_param_store()
-        names = tuple(n for n, s in guide_trace.nodes.items() if s["type"] == "param")
         if self._rule_cache is None or self._rule_cache[0] != names:
             self._rule_cache = (names, self._classify(guide, names))
         out = []
@@ -311,14 +315,50 @@ class SharpnessAwareELBO(Trace_ELBO):
         get = self._get_vectorized_trace if vectorized else self._get_trace
         model_trace, guide_trace = get(model, guide, args, kwargs)
         loss, surrogate = self._differentiable_loss_particle(model_trace, guide_trace)
-        means = [t for t in self._means(guide, guide_trace) if t[1].requires_grad]
+        names = tuple(n for n, s in guide_trace.nodes.items() if s["type"] == "param")
+        means = [t for t in self._means(guide, names) if t[1].requires_grad]
         if not (means and getattr(surrogate, "requires_grad", False)):
             # nothing to perturb: this pass is Trace_ELBO's
             self._backward(surrogate, model_trace, guide_trace)
             return loss
         grads = torch.autograd.grad(surrogate, [m for _, m, _ in means], allow_unused=True)
-        step = self._ascent_step(list(grads), means)
         del model_trace, guide_trace, surrogate
+
+        def second_pass() -> None:
+            model_trace, guide_trace = get(model, guide, args, kwargs)
+            _, surrogate = self._differentiable_loss_particle(model_trace, guide_trace)
+            self._backward(surrogate, model_trace, guide_trace)
+
+        self._at_perturbed_means(list(grads), means, model, rng, second_pass)
+        return loss
+
+    def _lean_sharp_particle(self, lean: LeanGuide, model: Callable, args: tuple,
+                             kwargs: dict) -> float:
+        """One particle on the lean path (:class:`~pyro_flat.infer.svi.LeanELBO`)."""
+        rng = get_rng_state()
+        first, draw = self.particle(lean, model, args, kwargs)
+        loss = torch_item(first)
+        means = [t for t in self._means(lean.guide, draw.params) if t[1].requires_grad]
+        if not (means and getattr(first, "requires_grad", False)):
+            if getattr(first, "requires_grad", False):  # nothing to perturb: LeanELBO's pass
+                (first / self.num_particles).backward(retain_graph=self.retain_graph)
+            return loss
+        grads = torch.autograd.grad(first, [m for _, m, _ in means], allow_unused=True)
+        del first, draw
+
+        def second_pass() -> None:
+            second, _ = self.particle(lean, model, args, kwargs)
+            (second / self.num_particles).backward(retain_graph=self.retain_graph)
+
+        self._at_perturbed_means(list(grads), means, model, rng, second_pass)
+        return loss
+
+    def _at_perturbed_means(self, grads: list[torch.Tensor | None],
+                            means: list[tuple[str, torch.Tensor, torch.Tensor | None]],
+                            model: Any, rng: Any, second_pass: Callable[[], None]) -> None:
+        """Move the means by the ascent step, replay the random state, run ``second_pass``
+        (which accumulates the gradients), and restore the means exactly."""
+        step = self._ascent_step(grads, means)
         saved = []  # (mean, its value at mu) for the means that move
         if step is not None:
             with torch.no_grad():
@@ -329,14 +369,11 @@ class SharpnessAwareELBO(Trace_ELBO):
         try:
             with kept_running_stats(self._batchnorm(model)):  # stats move once per step
                 set_rng_state(rng)  # the same noise z (and minibatch) as the first pass
-                model_trace, guide_trace = get(model, guide, args, kwargs)
-                _, surrogate = self._differentiable_loss_particle(model_trace, guide_trace)
-                self._backward(surrogate, model_trace, guide_trace)
+                second_pass()
         finally:
             with torch.no_grad():
                 for m, value in saved:
                     m.copy_(value)  # exact restore, not mu' - e
-        return loss
 
     def loss_and_grads(self, model: Callable, guide: Callable, *args: Any,
                        **kwargs: Any) -> float:
@@ -344,6 +381,13 @@ class SharpnessAwareELBO(Trace_ELBO):
         gradients into them (see the class docstring). Returns the loss at :math:`\\mu`."""
         if self.rho == 0.0:
             return super().loss_and_grads(model, guide, *args, **kwargs)
+        lean = self.lean_guide(guide, args, kwargs)
+        if lean is not None:
+            loss = 0.0
+            for _ in range(self.num_particles):
+                loss += self._lean_sharp_particle(lean, model, args, kwargs) / self.num_particles
+            warn_if_nan(loss, "loss")
+            return loss
         if self.vectorize_particles:
             if self.max_plate_nesting == float("inf"):
                 self._guess_max_plate_nesting(model, guide, args, kwargs)

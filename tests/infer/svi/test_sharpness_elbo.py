@@ -80,10 +80,13 @@ def test_rho_zero_is_trace_elbo(kind, num_particles, vectorize):
     kw = dict(num_particles=num_particles, vectorize_particles=vectorize)
     ref = loss_and_grads(Trace_ELBO(**kw), regression_model, guide, x, y)
     got = loss_and_grads(SharpnessAwareELBO(rho=0.0, **kw), regression_model, guide, x, y)
-    assert got[0] == ref[0]
+    # The lean path (LeanELBO) writes the guide's log-density with the standardised draw and
+    # sums the terms in another order. The guide's parameters are float32 (initialised from the
+    # float32 prior Normal(0., 1.)), so the two agree to float32 rounding (~1e-7 per term).
+    assert got[0] == pytest.approx(ref[0], rel=1e-8, abs=1e-5)
     assert got[1].keys() == ref[1].keys()
     for k in ref[1]:
-        assert torch.equal(got[1][k], ref[1][k]), k
+        torch.testing.assert_close(got[1][k], ref[1][k], rtol=1e-5, atol=1e-5, msg=k)
     assert torch.equal(got[2], ref[2])
 
 
@@ -97,10 +100,11 @@ def test_tiny_rho_replays_the_same_noise_and_minibatch(kind, num_particles, vect
     kw = dict(num_particles=num_particles, vectorize_particles=vectorize)
     ref = loss_and_grads(Trace_ELBO(**kw), regression_model, guide, x, y)
     got = loss_and_grads(SharpnessAwareELBO(rho=1e-9, **kw), regression_model, guide, x, y)
-    assert got[0] == pytest.approx(ref[0], rel=1e-12)
+    assert got[0] == pytest.approx(ref[0], rel=1e-8, abs=1e-5)  # float32 guide (see above)
     for k in ref[1]:
-        # the gradient moves by |H e| <= ||H|| rho: far below 1e-6 here
-        assert torch.allclose(got[1][k], ref[1][k], rtol=1e-6, atol=1e-6), k
+        # the gradient moves by |H e| <= ||H|| rho (far below 1e-6 here) and by float32
+        # rounding of the guide's terms on the lean path
+        assert torch.allclose(got[1][k], ref[1][k], rtol=1e-5, atol=1e-5), k
     assert torch.equal(got[2], ref[2])  # the random stream continues as after Trace_ELBO
 
 
@@ -110,9 +114,9 @@ def test_no_means_is_trace_elbo():
     ref = loss_and_grads(Trace_ELBO(), regression_model, guide, x, y)
     got = loss_and_grads(SharpnessAwareELBO(rho=0.5, mean_params=lambda name: False),
                          regression_model, guide, x, y)
-    assert got[0] == ref[0]
+    assert got[0] == pytest.approx(ref[0], rel=1e-8, abs=1e-5)  # float32 guide (see above)
     for k in ref[1]:
-        assert torch.equal(got[1][k], ref[1][k]), k
+        torch.testing.assert_close(got[1][k], ref[1][k], rtol=1e-5, atol=1e-5, msg=k)
 
 
 # ------------------------------------------------------------- closed form on a quadratic
