@@ -22,7 +22,8 @@ their predicted classes). Mean and standard deviation over seeds.
 Step time: on the MLP 784-100-100-10 of ``benchmarks/step_overhead.py`` (batch 128, one thread),
 L2E and SGLD are drawn from in interleaved chunks; the meta-network alone is timed on the
 ``(n, 9)`` features of all ``n`` parameters in the same rounds. Target: L2E step <= 1.2 x (SGLD
-step + two meta-network evaluations).
+step + two meta-network evaluations). L2E's step time against SGLD through ``MCMC`` in a fresh
+process is ``benchmarks/l2e_step_time.py`` (``--timing-only`` here runs it).
 
 Run::
 
@@ -209,20 +210,6 @@ TIMING_HEADER = (
     "|---|---:|---:|---:|---:|---|---:|\n")
 
 
-def _write_timing(out: Path, timing: dict, timing_md: str) -> None:
-    """The step-time table alone, measured in a fresh process (``--timing-only``)."""
-    meta = {"command": " ".join(["python", *sys.argv]), "torch": torch.__version__,
-            "cpu": so.cpu_model(),
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "l2e_step_time.json").write_text(json.dumps({"meta": meta, "step_time": timing},
-                                                       indent=1))
-    (out / "l2e_step_time.md").write_text(
-        "# L2E step time against SGLD, in a fresh process\n\n"
-        f"- command: `{meta['command']}`; {meta['cpu']}; torch {meta['torch']}; "
-        f"{meta['date']}" + TIMING_HEADER + timing_md + "\n")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
@@ -232,10 +219,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="multiply every task's SG steps (e.g. 0.2: the meta-training horizon)")
     parser.add_argument("--no-timing", action="store_true", help="skip the step-time rounds")
     parser.add_argument("--timing-only", action="store_true",
-                        help="only the step-time rounds, in this fresh process; writes "
-                             "l2e_step_time.json/.md")
+                        help="only L2E's step time against SGLD, measured in a fresh process "
+                             "by l2e_step_time.py (writes l2e_step_time.json/.md)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
+    if args.timing_only:
+        import l2e_step_time
+
+        l2e_step_time.main(["--out", str(args.out)] + (["--quick"] if args.quick else []))
+        return
     torch.set_num_threads(1)
     scale, seeds, rounds = (0.05, 1, 4) if args.quick else (args.scale, args.seeds, args.rounds)
     methods = ["SGLD", "CyclicalSGLD", "L2E (ours)"] + (
@@ -247,9 +239,6 @@ def main(argv: list[str] | None = None) -> None:
         f"{t['ratio_to_sgld']:.2f} |"
         for clock, t in ((c, timing[c]) for c in ("wall", "cpu", "thread_cpu")))
     print(timing_md, flush=True)
-    if args.timing_only:
-        _write_timing(args.out, timing, timing_md)
-        return
     rows = []
     for task in TASKS:
         for method in methods:

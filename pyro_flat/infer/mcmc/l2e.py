@@ -61,6 +61,10 @@ class L2E(SGMCMCKernel):
     (:math:`g = \tfrac12\lVert r\rVert^2`: :math:`\alpha = 0`, :math:`\beta = r`) the step is
     :class:`SGHMC`'s with ``friction = C``, unit mass.
 
+    **Cost.** Per step, besides the gradient, two passes of the network over all parameters
+    (about 1,400 multiply-adds per parameter each); ``benchmarks/l2e_step_time.py`` measures
+    the step against SGLD's.
+
     Parameters
     ----------
     model : callable, optional

@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from pyro_flat.infer.mcmc.l2e_chunked import ChunkedMetaNet
+
 #: Decays of the gradient moving averages fed to the network.
 DECAYS: tuple[float, ...] = (0.1, 0.5, 0.9, 0.99, 0.999, 0.9999)
 #: Feature names, in the order of the network's input.
@@ -245,26 +247,35 @@ def as_meta_net(meta_params: Any) -> MetaNet:
 class L2EState:
     """Per-element state of an L2E chain on one flat parameter vector.
 
-    ``features`` is a ``(9, n)`` buffer, one contiguous row per feature: rows 3..8 *are* the
-    gradient moving averages (persistent state); rows 0..2 are refilled with ``grad``,
-    ``theta`` and ``r`` at each step. ``raw`` is its ``(n, 9)`` view, one row per element.
-    ``segments`` are the ``(start, stop)`` slices over which features are normalised (one per
-    parameter tensor). Feature-major storage keeps every per-feature pass and the
-    meta-network's matrix products on contiguous memory.
+    ``features`` is a ``(9, n)`` buffer, one contiguous row per feature: row 2 *is* the
+    momentum ``r`` and rows 3..8 *are* the gradient moving averages (persistent state); rows 0
+    and 1 are refilled with ``grad`` and ``theta`` at each step. ``raw`` is its ``(n, 9)``
+    view, one row per element. ``segments`` are the ``(start, stop)`` slices over which
+    features are normalised (one per parameter tensor); ``scales`` holds the normalisation's
+    ``(9, segments)`` factors (:meth:`scales_`). Feature-major storage keeps every per-feature
+    pass and the meta-network's matrix products on contiguous memory.
     """
 
-    r: torch.Tensor
     features: torch.Tensor
     segments: list[tuple[int, int]]
-    normed_features: torch.Tensor = field(init=False)
+    r: torch.Tensor = field(init=False)
+    scales: torch.Tensor = field(init=False)
     noise: torch.Tensor = field(init=False)
     decays: torch.Tensor = field(init=False)
+    normed_features: torch.Tensor | None = field(init=False, default=None)
+    _lengths: torch.Tensor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.normed_features = torch.empty_like(self.features)
+        if self.features.ndim != 2 or self.features.shape[0] != len(FEATURES):
+            raise ValueError(f"features must have shape ({len(FEATURES)}, n), got "
+                             f"{tuple(self.features.shape)}")
+        self.r = self.features[2]
         self.noise = torch.empty_like(self.r)
         self.decays = torch.tensor(DECAYS, dtype=self.features.dtype,
                                    device=self.features.device).unsqueeze(1)
+        self.scales = self.features.new_empty(len(FEATURES), len(self.segments))
+        self._lengths = torch.tensor([b - a for a, b in self.segments],
+                                     dtype=self.features.dtype, device=self.features.device)
 
     @property
     def raw(self) -> torch.Tensor:
@@ -273,7 +284,9 @@ class L2EState:
 
     @property
     def normed(self) -> torch.Tensor:
-        """The normalised features as ``(n, 9)`` (a view)."""
+        """The normalised features as ``(n, 9)`` (a view), as of :meth:`normalise_`."""
+        if self.normed_features is None:
+            self.normed_features = torch.empty_like(self.features)
         return self.normed_features.T
 
     @classmethod
@@ -287,20 +300,30 @@ class L2EState:
         ):
             raise ValueError(f"segments must tile [0, {n}) in order with non-empty slices, "
                              f"got {segs}")
-        return cls(torch.zeros_like(theta), theta.new_zeros(len(FEATURES), n), segs)
+        return cls(theta.new_zeros(len(FEATURES), n), segs)
 
     @property
     def moments(self) -> torch.Tensor:
         """The gradient moving averages, ``(n, 6)`` (a view)."""
         return self.features[3:].T
 
+    def scales_(self, columns: slice = slice(None)) -> torch.Tensor:
+        """Set rows ``columns`` of ``scales``, ``1 / sqrt(eps + mean(raw^2))`` per feature and
+        segment, from the current features; returns ``scales``, ``(9, segments)``."""
+        raw, scales = self.features[columns], self.scales[columns]
+        for j, (a, b) in enumerate(self.segments):
+            torch.linalg.vector_norm(raw[:, a:b], dim=1, keepdim=True, out=scales[:, j:j + 1])
+        scales.square_().div_(self._lengths).add_(NORM_EPS).rsqrt_()
+        return self.scales
+
     def normalise_(self, columns: slice = slice(None)) -> torch.Tensor:
         """Write ``raw / sqrt(eps + mean(raw^2))`` per segment and feature into ``normed``;
-        returns ``normed``, ``(n, 9)``."""
-        for a, b in self.segments:
-            x = self.features[columns, a:b]
-            ms = torch.linalg.vector_norm(x, dim=1, keepdim=True).square_().div_(b - a)
-            torch.mul(x, ms.add_(NORM_EPS).rsqrt_(), out=self.normed_features[columns, a:b])
+        returns ``normed``, ``(n, 9)``. (The sampler folds ``scales`` into the network's
+        first layer instead.)"""
+        normed = self.normed.T[columns]
+        scales = self.scales_(columns)[columns]
+        for j, (a, b) in enumerate(self.segments):
+            torch.mul(self.features[columns, a:b], scales[:, j:j + 1], out=normed[:, a:b])
         return self.normed
 
 
@@ -310,65 +333,55 @@ class StandardKinetic:
     :func:`pyro_flat.infer.mcmc.integrators.underdamped_step_` with friction ``C`` and unit mass.
     """
 
-    def __call__(self, theta: torch.Tensor, state: L2EState, first: bool
-                 ) -> tuple[torch.Tensor | None, torch.Tensor]:
-        return None, state.r
+    def momentum_drift(self, theta: torch.Tensor, state: L2EState, friction: float
+                       ) -> tuple[torch.Tensor, float]:
+        r"""``(d, c)`` with :math:`\alpha + C\beta = c\, d`: here ``(r, C)``."""
+        return state.r, friction
+
+    def velocity(self, theta: torch.Tensor, state: L2EState) -> torch.Tensor:
+        r""":math:`\beta = r`."""
+        return state.r
 
 
 class LearnedKinetic:
     r"""The meta-network's kinetic-energy gradients :math:`(\alpha, \beta) = 10^{-3}\,
-    \mathrm{MLP}(\text{normalised features})`."""
+    \mathrm{MLP}(\text{normalised features})`.
+
+    A step needs :math:`\alpha + C\beta` at the current momentum and :math:`\beta` at the new
+    one, each a fixed combination of the network's two outputs: both are computed by
+    :class:`~pyro_flat.infer.mcmc.l2e_chunked.ChunkedMetaNet` on the raw features, with the
+    per-site normalisation (:attr:`L2EState.scales`) folded into the first layer and the
+    combination into the last, in buffers kept from step to step. The returned tensor is such
+    a buffer, valid until the next call.
+
+    Parameters
+    ----------
+    net : MetaNet
+        The meta-network.
+    output_scale : float
+        The multiplier of the outputs (:data:`OUTPUT_SCALE`).
+    """
 
     def __init__(self, net: MetaNet, output_scale: float = OUTPUT_SCALE):
         self.net = net
         self.output_scale = output_scale
-        self._buffers: tuple[torch.Tensor, ...] = ()
+        self.rows = ChunkedMetaNet(net)
 
-    def __call__(self, theta: torch.Tensor, state: L2EState, first: bool
-                 ) -> tuple[torch.Tensor | None, torch.Tensor]:
-        features = state.features
-        if first:
-            features[1].copy_(theta)
-            features[2].copy_(state.r)
-            state.normalise_()
-        else:  # only r changed since the first evaluation of this step
-            features[2].copy_(state.r)
-            state.normalise_(slice(2, 3))
-        out = self._forward(state.normed)
-        out.mul_(self.output_scale)
-        return out[0], out[1]
+    def momentum_drift(self, theta: torch.Tensor, state: L2EState, friction: float
+                       ) -> tuple[torch.Tensor, float]:
+        r"""``(d, 1)`` with :math:`d = \alpha + C\beta` at the features of ``theta``, ``r``."""
+        state.features[1].copy_(theta)
+        return self.rows(state.raw, 1.0, friction, self.output_scale,
+                         column_scales=state.scales_(), segments=state.segments), 1.0
 
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``(2, n)`` raw outputs for the features ``x`` of shape ``(n, 9)``.
-
-        The rows are run through all three layers in chunks of :data:`CHUNK`, so that the
-        hidden activations stay in cache and in buffers kept across calls (allocating the
-        ``n x 32`` activations anew at every call costs as much as the arithmetic), and the
-        last layer writes its two outputs as contiguous rows.
-        """
-        n = x.shape[0]
-        (w0, b0), (w1, b1), (w2, b2) = [(w.to(x.dtype), b.to(x.dtype))
-                                        for w, b in self.net.weights]
-        if not self._buffers or self._buffers[2].shape[1] != n or \
-                self._buffers[2].dtype != x.dtype or self._buffers[2].device != x.device:
-            chunk = min(CHUNK, n)
-            self._buffers = (x.new_empty(chunk, w0.shape[1]), x.new_empty(chunk, w1.shape[1]),
-                             x.new_empty(w2.shape[1], n))
-        h0, h1, out = self._buffers
-        b2 = b2.unsqueeze(1)
-        for start in range(0, n, h0.shape[0]):
-            stop = min(n, start + h0.shape[0])
-            m = stop - start
-            a = torch.addmm(b0, x[start:stop], w0, out=h0[:m]).relu_()
-            a = torch.addmm(b1, a, w1, out=h1[:m]).relu_()
-            torch.addmm(b2, w2.T, a.T, out=out[:, start:stop])
-        return out
+    def velocity(self, theta: torch.Tensor, state: L2EState) -> torch.Tensor:
+        r""":math:`\beta` after ``r`` changed, the only feature that changes within a step (the
+        other features' scales are those :meth:`momentum_drift` computed)."""
+        return self.rows(state.raw, 0.0, 1.0, self.output_scale,
+                         column_scales=state.scales_(slice(2, 3)), segments=state.segments)
 
 
-#: Rows of the meta-network's input per chunk in :class:`LearnedKinetic`.
-CHUNK = 8192
-
-
+@torch.no_grad()
 def l2e_step_(
     theta: torch.Tensor,
     state: L2EState,
@@ -391,21 +404,19 @@ def l2e_step_(
 
     with :math:`\xi \sim \mathcal{N}(0, I)`. ``grad_u`` is :math:`\nabla U` (the gradient of
     ``N`` times the mean loss plus the prior); the features see :math:`\nabla U / N`.
-    ``generator``: the stream of :math:`\xi` (default: torch's global one).
+    ``generator``: the stream of :math:`\xi` (default: torch's global one). The step is not
+    differentiable (it runs under :func:`torch.no_grad`).
     """
     features = state.features
     grad_mean = features[0]
     torch.mul(grad_u, 1.0 / num_data, out=grad_mean)
     moments = features[3:]
     moments.lerp_(grad_mean.unsqueeze(0).expand_as(moments), 1.0 - state.decays)
-    alpha, beta = kinetic(theta, state, True)
+    drift, multiplier = kinetic.momentum_drift(theta, state, friction)
     r = state.r
-    if alpha is not None:
-        r.add_(alpha, alpha=-step_size)
-    r.add_(beta, alpha=-step_size * friction).add_(grad_u, alpha=-step_size)
+    r.add_(drift, alpha=-step_size * multiplier).add_(grad_u, alpha=-step_size)
     variance = 2.0 * friction * step_size * temperature
     if variance > 0:
         state.noise.normal_(generator=generator)
         r.add_(state.noise, alpha=math.sqrt(variance))
-    _, beta = kinetic(theta, state, False)
-    theta.add_(beta, alpha=step_size)
+    theta.add_(kinetic.velocity(theta, state), alpha=step_size)

@@ -136,28 +136,49 @@ def generate() -> None:
     torch.save({"torch": torch.__version__, "runs": records}, PATH)
 
 
-def _close(a, b) -> bool:
+#: Runs replayed within a tolerance instead of bitwise, and why. L2E evaluates its network
+#: with the per-site normalisation folded into the first layer's weights and the combination
+#: of outputs the update needs (``alpha + C beta``, then ``beta``, with the scale 1e-3) into
+#: the last, where it used to normalise a copy of the features and combine ``(alpha, beta)``
+#: afterwards: each evaluation rounds differently, by a few float32 ulps of the outputs, which
+#: enter r and theta multiplied by step_size * 1e-3. Over the 60 recorded steps the draws
+#: moved by at most 3e-8 (1 ulp of values near 0.5). The tolerance allows about six times that
+#: and still fails for a change of the update: leaving out the C beta term moves the draws
+#: by 2e-6, a 0.1% change of the output scale by 6e-5.
+TOLERANCES: dict[str, dict[str, float]] = {"L2E": {"rtol": 3e-7, "atol": 5e-8}}
+
+
+def _close(a, b, tol: dict[str, float] | None = None) -> bool:
     if torch.is_tensor(a):
-        return torch.is_tensor(b) and a.shape == b.shape and a.dtype == b.dtype and bool(
+        if not (torch.is_tensor(b) and a.shape == b.shape and a.dtype == b.dtype):
+            return False
+        if tol is not None and a.is_floating_point():
+            return bool(torch.allclose(a, b, equal_nan=True, **tol))
+        return bool(
             torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
                                   and torch.equal(a[~a.isnan()], b[~b.isnan()])))
     if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+        return isinstance(b, dict) and a.keys() == b.keys() and all(
+            _close(a[k], b[k], tol) for k in a)
     if isinstance(a, list | tuple):
-        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(_close(x, y, tol) for x, y in zip(a, b, strict=True))
     if isinstance(a, float) and math.isnan(a):
         return isinstance(b, float) and math.isnan(b)
+    if tol is not None and isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=tol["rtol"], abs_tol=tol["atol"])
     return a == b
 
 
-def differences(a: dict, b: dict, path: str = "") -> list[str]:
-    """Where two records differ (keys, shapes or values), as readable paths."""
+def differences(a: dict, b: dict, path: str = "", tol: dict[str, float] | None = None
+                ) -> list[str]:
+    """Where two records differ (keys, shapes or values), as readable paths; bitwise, or
+    within ``tol`` (``rtol``, ``atol``) for floating-point values."""
     if isinstance(a, dict) and isinstance(b, dict):
         out = [f"{path}/{k}: only in one" for k in a.keys() ^ b.keys()]
         for k in a.keys() & b.keys():
-            out += differences(a[k], b[k], f"{path}/{k}")
+            out += differences(a[k], b[k], f"{path}/{k}", tol)
         return out
-    return [] if _close(a, b) else [path]
+    return [] if _close(a, b, tol) else [path]
 
 
 if __name__ == "__main__":
