@@ -1,0 +1,323 @@
+"""Stream the draws of a ``pyro.infer.MCMC`` run to disk while the chain runs."""
+
+from __future__ import annotations
+
+import multiprocessing
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pyro_flat import validation
+from pyro_flat.draw_store import Part, part_name
+
+__all__ = ["DrawWriter"]
+
+#: Default size of the block of draws held in memory between two writes (bytes).
+BLOCK_BYTES = 2**24
+
+
+class DrawWriter:
+    """A ``hook_fn`` for :class:`pyro.infer.MCMC` that appends every draw to a draw store on disk.
+
+    Pass it as ``MCMC(..., hook_fn=writer)``: after each post-warmup draw, the writer keeps the
+    draw's sites (all, or ``sites``) in the constrained space, as ``mcmc.get_samples()`` gives
+    them, and its per-draw statistics (``lp``, ``step_size``, ``grad_norm``, ``diverging`` and
+    the kernel's own, as :func:`pyro_flat.to_arviz` puts them in ``sample_stats``), and writes
+    them to netCDF-4 files in blocks of ``block_size`` draws. Together with
+    ``MCMC(..., save_params=[...])``, which tells Pyro's driver which sites to keep in memory
+    (``[]``: none), the draws need not fit in memory: the writer holds one block. Open the
+    result with :func:`pyro_flat.open_draws` (the layout is in :mod:`pyro_flat.draw_store`).
+
+    Chains: each chain of ``MCMC(num_chains=C)`` (run one after another or in worker
+    processes) writes a part file of its own; a kernel with ``vectorized_chains=K`` writes its
+    ``K`` chains into one part; global chain ``chain_offset + c * K + k`` is the ``k``-th row of
+    Pyro's chain ``c``, the order of :func:`pyro_flat.to_arviz`.
+
+    A statistic that needs the potential at the draw (``lp``, ``grad_norm``, ContourSGLD's
+    ``log_weight``) is known only after the next SG step, so a draw is written one draw late;
+    the last one is completed (as ``mcmc.diagnostics()`` would, without touching the random
+    stream) when the ``num_samples``-th draw arrives, which is why the writer needs
+    ``num_samples``.
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        A directory for the draw store; it must not exist unless ``resume=True``.
+    num_samples : int
+        Post-warmup draws of each chain in this run: ``MCMC``'s ``num_samples``, ``>= 1``.
+    sites : sequence of str, optional
+        The sites to write (a kernel's extra sites included, e.g. EntropyMCMC's
+        ``"<site>__guide"``); all by default.
+    stats : bool or sequence of str
+        Write the per-draw statistics (``True``, default), none (``False``), or those named.
+    thin : int
+        Write every ``thin``-th draw, ``>= 1`` (the draws whose index is a multiple of
+        ``thin``); the ``draw`` coordinate keeps the draw index, as ``to_arviz(thin=...)``.
+    block_size : int, optional
+        Draws held in memory between two writes, ``>= 1``; by default as many as fit in
+        16 MiB (at least one).
+    resume : bool
+        Append to the existing store at ``path``, continuing its draw index: for a run that
+        continues a kernel from its checkpoint (``kernel.load_state_dict``), with
+        ``warmup_steps=0``. The store must hold a part for every chain of the run. Draws that
+        an unfinished run wrote after the last finished one are replaced.
+    chain_offset : int, optional
+        Global index of this writer's first chain, ``>= 0``: a process or rank that runs
+        chains ``chain_offset, ...`` of a larger run writes its parts into the same store.
+        Given, ``path`` may exist (writers of other chains share it) and only this writer's
+        own part files must not; omitted, it is 0 and ``path`` must not exist.
+    hook_fn : callable, optional
+        A hook of your own, ``hook_fn(kernel, params, stage, i)``, called after the writer.
+
+    Raises
+    ------
+    ValueError
+        If ``path`` exists and ``resume`` is False (or does not hold a store and ``resume`` is
+        True), an argument is out of range, or, at the first draw, ``sites`` or ``stats`` name
+        something the run does not draw (the message lists what it does).
+
+    Examples
+    --------
+    >>> import tempfile, torch, pyro, pyro.distributions as dist
+    >>> from pyro.infer import MCMC
+    >>> from pyro_flat import DrawWriter, open_draws
+    >>> from pyro_flat.infer import EntropyMCMC
+    >>> def model(y):
+    ...     mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    ...     s = pyro.sample("s", dist.HalfNormal(1.0))
+    ...     with pyro.plate("data", len(y)):
+    ...         pyro.sample("y", dist.Normal(mu, s), obs=y)
+    >>> store = tempfile.mkdtemp() + "/draws"
+    >>> writer = DrawWriter(store, num_samples=50, sites=["mu", "mu__guide", "s"])
+    >>> kernel = EntropyMCMC(model, step_size=1e-3, eta=1.0, vectorized_chains=2)
+    >>> mcmc = MCMC(kernel, num_samples=50, warmup_steps=10, hook_fn=writer,
+    ...             save_params=["s"], disable_progbar=True)  # keeps only s in memory
+    >>> mcmc.run(torch.randn(30))
+    >>> idata = open_draws(store)
+    >>> dict(idata.posterior.sizes)
+    {'chain': 2, 'draw': 50}
+    >>> "coupling_distance" in idata.sample_stats
+    True
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        num_samples: int,
+        *,
+        sites: Sequence[str] | None = None,
+        stats: bool | Sequence[str] = True,
+        thin: int = 1,
+        block_size: int | None = None,
+        resume: bool = False,
+        chain_offset: int | None = None,
+        hook_fn: Callable[[Any, dict, str, int], Any] | None = None,
+    ):
+        self.path = Path(path)
+        self.num_samples = validation.integer_at_least("num_samples", num_samples, 1)
+        if isinstance(sites, str):
+            raise ValueError(f"sites must be a list of site names, got the string {sites!r}")
+        self.sites = None if sites is None else list(sites)
+        if isinstance(stats, str):
+            raise ValueError(f"stats must be True, False or a list of statistic names, got the "
+                             f"string {stats!r}")
+        self.stats = stats if isinstance(stats, bool) else list(stats)
+        self.thin = validation.integer_at_least("thin", thin, 1)
+        self.block_size = None if block_size is None else validation.integer_at_least(
+            "block_size", block_size, 1)
+        self.resume = bool(resume)
+        shared = chain_offset is not None
+        self.chain_offset = 0 if not shared else validation.integer_at_least(
+            "chain_offset", chain_offset, 0)
+        if hook_fn is not None and not callable(hook_fn):
+            raise ValueError(f"hook_fn must be callable as hook_fn(kernel, params, stage, i), "
+                             f"got {hook_fn!r}")
+        self.hook_fn = hook_fn
+        if self.resume:
+            if not self.path.is_dir() or not any(self.path.glob("part-*.nc")):
+                raise ValueError(f"resume=True, but path {str(self.path)!r} holds no draw store "
+                                 "to append to")
+        else:
+            if self.path.exists() and not shared:
+                raise ValueError(f"path {str(self.path)!r} exists: choose a new directory, or "
+                                 "pass resume=True to append to the draws it holds")
+            self.path.mkdir(parents=True, exist_ok=shared)
+        self._chain: _ChainWriter | None = None
+
+    def __call__(self, kernel: Any, params: dict[str, torch.Tensor], stage: str, i: int) -> None:
+        if stage.startswith("Sample"):
+            chain = _pyro_chain(stage)
+            if i == 0 or self._chain is None or self._chain.pyro_chain != chain:
+                self.close()
+                self._chain = _ChainWriter(self, kernel, params, chain)
+            self._chain.add(kernel, params, i)
+            if i == self.num_samples - 1:
+                self._chain.finish(kernel)
+                self._chain = None
+        if self.hook_fn is not None:
+            self.hook_fn(kernel, params, stage, i)
+
+    def close(self) -> None:
+        """Close a part left open by a run that stopped early (its draws written so far stay);
+        a run that reaches ``num_samples`` closes its parts itself."""
+        if self._chain is not None:
+            self._chain.part.close()
+            self._chain = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Worker processes get the settings, never an open file.
+        return {**self.__dict__, "_chain": None}
+
+
+def _pyro_chain(stage: str) -> int:
+    """Pyro's chain index: in the stage (``"Sample [c]"``) when chains run one after another,
+    in the worker process's name (Pyro names worker ``c`` ``"c"``) when they run in parallel."""
+    found = re.search(r"\[(\d+)\]", stage)
+    if found:
+        return int(found.group(1))
+    process = multiprocessing.current_process()
+    if multiprocessing.parent_process() is not None and process.name.isdigit():
+        return int(process.name)
+    return 0
+
+
+class _ChainWriter:
+    """The draws of one of Pyro's chains (``K`` rows with ``vectorized_chains=K``) on their way
+    to the part file: a block of draws in memory, written once their statistics are known."""
+
+    def __init__(self, writer: DrawWriter, kernel: Any, params: dict[str, torch.Tensor],
+                 pyro_chain: int):
+        self.pyro_chain = pyro_chain
+        self.thin = writer.thin
+        k = getattr(kernel, "vectorized_chains", None)
+        self.vectorized = k is not None
+        self.num_rows = k or 1
+        self.names = _chosen("sites", writer.sites, sorted(params), "sites the run draws")
+        self.recorder = getattr(kernel, "recorder", None)
+        available = list(self.recorder.names) if self.recorder is not None else []
+        self.stat_names = ([] if writer.stats is False else available if writer.stats is True
+                           else _chosen("stats", writer.stats, available,
+                                        "per-draw statistics of " + type(kernel).__name__))
+        self.transforms = getattr(kernel, "transforms", None) or {}
+        shapes, dtypes = {}, {}
+        for name in self.names:
+            value = params[name]
+            shapes[name] = tuple(value.shape[1:] if self.vectorized else value.shape)
+            dtypes[name] = _numpy_dtype(value.dtype)
+        default = torch.get_default_dtype()
+        stat_dtypes = {name: _numpy_dtype(self.recorder.dtypes.get(name, default))
+                       for name in self.stat_names}
+        first = writer.chain_offset + pyro_chain * self.num_rows
+        chains = np.arange(first, first + self.num_rows)
+        path = writer.path / part_name(first)
+        sites = {name: (shapes[name], dtypes[name]) for name in self.names}
+        if writer.resume:
+            if not path.exists():
+                raise ValueError(f"resume=True: {str(writer.path)!r} holds no part for chains "
+                                 f"{chains.tolist()} ({path.name})")
+            self.part = Part.open(path, sites, stat_dtypes)
+            if self.part.chains.tolist() != chains.tolist():
+                self.part.close()
+                raise ValueError(f"resume: {path.name} holds chains {self.part.chains.tolist()}, "
+                                 f"the run's are {chains.tolist()}")
+            self.first_draw = int(self.part.file.attrs.get("next_draw", 0))
+            # draws after next_draw were written by a run that did not finish (its chains
+            # continue from the checkpoint before it): this run writes them again
+            self.part.truncate(int(np.searchsorted(self.part.file["posterior"]["draw"][:],
+                                                   self.first_draw)))
+        else:
+            if path.exists():
+                raise ValueError(f"{str(path)!r} exists: the store already holds chains "
+                                 f"{chains.tolist()}; give each writer its own chain_offset, "
+                                 "or resume=True to append")
+            self.part = Part.create(path, chains, sites, stat_dtypes, _provenance(kernel))
+            self.first_draw = 0
+        per_draw = sum(int(np.prod(s, dtype=np.int64)) * dtypes[n].itemsize
+                       for n, s in shapes.items()) * self.num_rows
+        self.block_size = writer.block_size or max(1, BLOCK_BYTES // max(per_draw, 1))
+        self.num_samples = writer.num_samples
+        # one slot more than a block: the last draw waits there for its statistics
+        self.buffers = {name: np.empty((self.num_rows, self.block_size + 1, *shapes[name]),
+                                       dtypes[name]) for name in self.names}
+        self.rows: list[int] = []  # the run's draw index of each buffered draw
+
+    def add(self, kernel: Any, params: dict[str, torch.Tensor], i: int) -> None:
+        if (self.first_draw + i) % self.thin == 0:
+            slot = len(self.rows)
+            for name in self.names:
+                value = params[name].detach()
+                if name in self.transforms:
+                    value = self.transforms[name].inv(value)
+                value = value.cpu()
+                if value.dtype == torch.bfloat16:
+                    value = value.float()
+                self.buffers[name][:, slot] = value.numpy().reshape(self.buffers[name][:, slot]
+                                                                    .shape)
+            self.rows.append(i)
+        if len(self.rows) == self.block_size + 1:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered draws whose statistics are complete; keep the others."""
+        done = len(self.rows)
+        if self.recorder is not None and self.stat_names and self.recorder.pending:
+            waiting = self.recorder.num_draws - 1  # the draws before it are complete
+            done = sum(1 for r in self.rows if r < waiting)
+        if done == 0:
+            return
+        rows = self.rows[:done]
+        draws = {name: buf[:, :done] for name, buf in self.buffers.items()}
+        stats = {name: self._stat(name, rows) for name in self.stat_names}
+        self.part.append(draws, stats, np.asarray(rows) + self.first_draw)
+        self.part.file.flush()
+        left = len(self.rows) - done
+        for buf in self.buffers.values():
+            buf[:, :left] = buf[:, done:done + left]
+        self.rows = self.rows[done:]
+
+    def _stat(self, name: str, rows: list[int]) -> np.ndarray:
+        column = self.recorder.column(name)
+        dtype = self.recorder.dtypes.get(name, torch.get_default_dtype())
+        values = torch.tensor([column[r] for r in rows], dtype=dtype).numpy()
+        values = values.T if self.vectorized else values[None]
+        return values.astype(np.int8) if values.dtype == np.bool_ else values
+
+    def finish(self, kernel: Any) -> None:
+        """After the run's last draw: complete its statistics, write everything, close."""
+        if self.recorder is not None and self.recorder.pending:
+            kernel.diagnostics()  # completes the last draw as MCMC will, random stream intact
+        self.flush()
+        steps = getattr(kernel, "num_steps", None)
+        attrs = {"next_draw": self.first_draw + self.num_samples}
+        if isinstance(steps, int):
+            attrs["num_sg_steps"] = [steps] * self.num_rows
+        self.part.close(attrs, complete=True)
+
+
+def _chosen(argument: str, asked: Sequence[str] | None, available: Sequence[str],
+            what: str) -> list[str]:
+    if asked is None:
+        return list(available)
+    unknown = [name for name in asked if name not in available]
+    if unknown:
+        raise ValueError(f"DrawWriter({argument}=...) names {unknown}, which the run does not "
+                         f"draw; the {what}: {sorted(available)}")
+    return list(dict.fromkeys(asked))
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    if dtype == torch.bfloat16:
+        return np.dtype(np.float32)
+    return torch.empty((), dtype=dtype).numpy().dtype
+
+
+def _provenance(kernel: Any) -> dict[str, Any]:
+    """The attributes :func:`pyro_flat.to_arviz` gives its groups."""
+    import pyro
+
+    return {"inference_library": "pyro", "inference_library_version": pyro.__version__,
+            "pyro_flat_kernel": type(kernel).__name__}

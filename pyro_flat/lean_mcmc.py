@@ -1,0 +1,90 @@
+"""``pyro.infer.MCMC`` whose ``run`` keeps the draws in one preallocated buffer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyro
+import pyro.poutine as poutine
+import torch
+from pyro.infer import MCMC
+from pyro.util import optional
+
+__all__ = ["LeanMCMC"]
+
+
+class LeanMCMC(MCMC):
+    """:class:`pyro.infer.MCMC` with the draws copied into one buffer as they arrive.
+
+    Pyro's ``MCMC.run`` appends each draw to a list and, at the end, stacks the list per chain
+    and the chains together: for a moment the draws are in memory three times, and twice for a
+    while after. ``LeanMCMC.run`` allocates the ``(num_chains, num_samples, D)`` buffer at the
+    first draw (``D``: the values of the ``save_params`` sites) and copies every draw into it,
+    so the peak is the draws' bytes once plus a draw or two. Everything else is Pyro's:
+    the constructor and its arguments, the samplers (chains one after another, or worker
+    processes), ``hook_fn``, ``save_params``, transforms to the constrained space,
+    :meth:`get_samples`, :meth:`diagnostics`, :meth:`summary`, and the draws themselves, which
+    are those of ``pyro.infer.MCMC`` bit for bit. A site with a constrained support is
+    transformed into a new tensor, as Pyro does, which adds its bytes.
+
+    Parameters
+    ----------
+    *args, **kwargs
+        Those of :class:`pyro.infer.MCMC`.
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> from pyro_flat import LeanMCMC
+    >>> from pyro_flat.infer import SGLD
+    >>> def model(y):
+    ...     mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    ...     with pyro.plate("data", len(y)):
+    ...         pyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+    >>> mcmc = LeanMCMC(SGLD(model, step_size=1e-2), num_samples=100, disable_progbar=True)
+    >>> mcmc.run(torch.randn(20))
+    >>> tuple(mcmc.get_samples(group_by_chain=True)["mu"].shape)
+    (1, 100)
+    """
+
+    @poutine.block
+    def run(self, *args: Any, **kwargs: Any) -> None:
+        """Run the chains and keep their draws (see :meth:`pyro.infer.MCMC.run`)."""
+        self._args, self._kwargs = args, kwargs
+        received = [0] * self.num_chains  # per chain: the structure, the draws, diagnostics
+        z_structure = None
+        buffer: torch.Tensor | None = None
+        with optional(
+            pyro.validation_enabled(not self.disable_validation),
+            self.disable_validation is not None,
+        ):
+            args = [arg.detach() if torch.is_tensor(arg) else arg for arg in args]
+            for x, chain_id in self.sampler.run(*args, **kwargs):
+                n = received[chain_id]
+                if n == 0:
+                    z_structure = x
+                elif n == self.num_samples + 1:
+                    self._diagnostics[chain_id] = x
+                    continue
+                else:
+                    if buffer is None:
+                        buffer = x.new_empty((self.num_chains, self.num_samples, x.numel()))
+                    buffer[chain_id, n - 1] = x
+                    del x  # a worker's draw lives in shared memory: free it now
+                received[chain_id] += 1
+
+        pos = 0
+        z_acc = z_structure.copy()
+        for name in sorted(z_structure):
+            shape = z_structure[name]
+            stop = pos + shape.numel()
+            z_acc[name] = buffer[:, :, pos:stop].reshape(
+                (self.num_chains, self.num_samples) + shape)
+            pos = stop
+        if self.transforms is None:
+            self._set_transforms(*args, **kwargs)
+        for name, z in z_acc.items():
+            if name in self.transforms:
+                z_acc[name] = self.transforms[name].inv(z)
+        self._samples = z_acc
+        self.sampler.terminate(True)
