@@ -159,6 +159,9 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
     supports_preconditioner: bool = True
     #: The state this kernel carries beside the position (none: SGLD's chain is its position).
     state_fields: tuple[StateField, ...] = ()
+    #: This rank's shard of the data of a data-parallel chain (set by
+    #: :func:`pyro_flat.distributed.data_parallel`; ``None``: all the data is here).
+    data_shard: Any = None
 
     def __init__(
         self,
@@ -329,9 +332,13 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
             else:
                 init_strategy = self.init_strategy
 
+            shard = self.data_shard
+            traced_batch = self.subsample_size if shard is None else shard.traced_batch_size(
+                self.subsample_size)
+
             def trace() -> tuple:
                 return trace_model(self.model, args, kwargs, init_strategy,
-                                   self.subsample_size, self.data_plate)
+                                   traced_batch, self.data_plate)
 
             if k is None:
                 layout, init, plate, flat_prior = trace()
@@ -341,6 +348,8 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
                 layout, _, plate, flat_prior = traced[0]
                 inits = [t[1] for t in traced]
             self.potential = ModelPotential(self.model, args, kwargs, layout, plate, flat_prior)
+            if shard is not None:  # the plate of all ranks' data; this rank's part of U
+                plate, self.potential = shard.distribute(plate, self.potential)
             if k is not None:
                 self.potential = VectorizedPotential(self.potential, k)
             self.transforms = {s.name: s.transform.inv for s in layout.sites if s.transform}
@@ -612,6 +621,8 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         flat_prior = getattr(self.potential, "flat_prior", None)
         if flat_prior is not None:
             u = u + flat_prior.value_and_grad_(self._z, self._grad)
+        if self.data_shard is not None:  # the sum of every rank's part, on every rank
+            u = self.data_shard.all_reduce_(u, self._grad, self._t)
         return u, self._grad
 
     @property

@@ -71,12 +71,14 @@ class _LogJoint(Messenger):
         plate: DataPlate | None,
         batch: torch.Tensor | None,
         flat_prior_fns: dict[str, Any],
+        include_prior: bool = True,
     ):
         super().__init__()
         self.values = values
         self.plate = plate
         self.batch = batch
         self.flat_prior_fns = flat_prior_fns
+        self.include_prior = include_prior
         self.missed: list[str] = []
         self.log_joint: torch.Tensor | float = 0.0
 
@@ -103,6 +105,8 @@ class _LogJoint(Messenger):
                 f"sample site {msg['name']!r} was not present when the kernel traced the model; "
                 "SG-MCMC kernels need a model with a fixed set of latent sites"
             )
+        if not msg["is_observed"] and not self.include_prior:
+            return
         scale, mask = msg["scale"], msg["mask"]
         if not msg["is_observed"] and msg["name"] in self.flat_prior_fns:
             if fn is self.flat_prior_fns[msg["name"]] and mask is None and _is_one(scale):
@@ -111,9 +115,10 @@ class _LogJoint(Messenger):
         if self.plate is not None and self.plate.slice_args:
             for frame in msg["cond_indep_stack"]:
                 # A plate sized from the sliced arguments (e.g. ``pyro.plate("data", len(x))``)
-                # sees only B points and does not rescale: the kernel does.
+                # sees only the minibatch's points and does not rescale: the kernel does, by
+                # N / B (a data-parallel rank sees its part of the B points: still N / B).
                 if frame.name == self.plate.name and frame.full_size != self.plate.size:
-                    scale = scale * (self.plate.size / frame.size)
+                    scale = scale * (self.plate.size / self.plate.batch_size)
         lp = None
         if mask is None and not msg["is_observed"]:
             lp = normal_log_prob_sum(fn, msg["value"])
@@ -143,7 +148,16 @@ class ModelPotential:
     flat_prior : FlatNormalPrior, optional
         Sites whose constant Normal prior is left out of the model run; the caller adds
         ``flat_prior.value_and_grad_`` on the flat vector.
+
+    Attributes
+    ----------
+    include_prior : bool
+        ``False``: the likelihood term alone (no prior, no log-Jacobian), for a data-parallel
+        rank whose part of the sum leaves the prior to another rank
+        (:mod:`pyro_flat.distributed.data_parallel`).
     """
+
+    include_prior: bool = True
 
     def __init__(
         self,
@@ -188,10 +202,12 @@ class ModelPotential:
             for site in self._transformed:
                 z = params[site.name]
                 x = site.transform(z)
-                log_det = log_det + site.transform.log_abs_det_jacobian(z, x).sum()
+                if self.include_prior:
+                    log_det = log_det + site.transform.log_abs_det_jacobian(z, x).sum()
                 values[site.name] = x
         args, kwargs = self._arguments(batch)
-        log_joint = _LogJoint(values, self.plate, batch, self._flat_prior_fns)
+        log_joint = _LogJoint(values, self.plate, batch, self._flat_prior_fns,
+                              self.include_prior)
         with log_joint:
             self.model(*args, **kwargs)
         if log_joint.missed:

@@ -1,0 +1,50 @@
+"""Launch a test job the way a user does: ``torchrun --nproc_per_node=2`` as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+SCENARIOS = Path(__file__).with_name("scenarios.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(out: Path, *scenarios: str, nproc: int = 2, timeout: float = 120.0
+             ) -> subprocess.CompletedProcess:
+    """Run ``scenarios.py out *scenarios`` on ``nproc`` gloo ranks of one node."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+           "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+           str(SCENARIOS), str(out), *scenarios]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
+                          cwd=Path(__file__).parents[2])
+
+
+def _rank_main(rank: int, port: int, nproc: int, out: Path, scenarios: tuple[str, ...]) -> None:
+    import torch
+
+    from tests.distributed import scenarios as job
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
+                      LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    job.main(out, list(scenarios))
+
+
+def forked(out: Path, *scenarios: str, nproc: int = 2) -> None:
+    """Run the scenarios on ``nproc`` gloo ranks forked from this process (the environment
+    torchrun gives its workers, without the seconds of a fresh ``import torch`` per rank); an
+    error of a rank is raised here as ``torch.multiprocessing.ProcessRaisedException``."""
+    import arviz  # noqa: F401  (imported once here, not in every rank: the ranks are forks)
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_rank_main, args=(free_port(), nproc, out, scenarios), nprocs=nproc,
+                       start_method="fork", join=True)

@@ -1,0 +1,46 @@
+"""A rank that fails stops the whole job, every rank saying which rank failed, where and why,
+and no process is left behind."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch.multiprocessing as mp
+
+from tests.distributed.launch import SCENARIOS, forked, torchrun
+
+
+def _processes_running(marker: str) -> list[int]:
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    pids.append(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.slow
+def test_a_diverging_rank_stops_the_torchrun_job_naming_rank_site_and_step(tmp_path: Path
+                                                                           ) -> None:
+    start = time.monotonic()
+    result = torchrun(tmp_path, "fail:diverge", timeout=120)
+    assert time.monotonic() - start < 120
+    assert result.returncode != 0
+    err = result.stderr
+    # rank 0's chain is healthy: it stops because rank 1 failed, and says so
+    assert err.count("RankFailure: rank 1 of 2 failed:") >= 2, err[-3000:]
+    assert "diverged" in err and "at step" in err and "sites ['" in err, err[-3000:]
+    assert not _processes_running(str(tmp_path)), "a rank outlived the job"
+    assert SCENARIOS.exists()
+
+
+def test_a_rank_that_raises_in_a_data_parallel_step_stops_every_rank(tmp_path: Path) -> None:
+    with pytest.raises(mp.ProcessRaisedException,
+                       match=r"rank 1 of 2 failed: KeyError: 'a broken shard' \(at SG step \d+"):
+        forked(tmp_path, "fail:raise")
