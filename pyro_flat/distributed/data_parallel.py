@@ -134,10 +134,9 @@ class DataShard:
         error = None if failure is None else describe(
             failure, f" (at SG step {step} of the data-parallel chain)")
         nonfinite = not (torch.isfinite(energy).all() and torch.isfinite(grad).all())
+        # the gradient and the status in one all-reduce (one collective latency per step)
         total, self.nonfinite_ranks = exchange_status(float(energy), error, bool(nonfinite),
-                                                      self.group)
-        if self.world_size > 1:
-            dist.all_reduce(grad, group=self.group)
+                                                      self.group, payload=grad)
         return torch.tensor(total, dtype=energy.dtype, device=energy.device)
 
     # the kernel's subsample_size, recorded by data_parallel()

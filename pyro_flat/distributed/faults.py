@@ -49,11 +49,14 @@ def describe(error: BaseException, where: str = "") -> str:
 
 
 def exchange_status(value: float = 0.0, error: str | None = None, nonfinite: bool = False,
-                    group: dist.ProcessGroup | None = None) -> tuple[float, list[int]]:
+                    group: dist.ProcessGroup | None = None,
+                    payload: torch.Tensor | None = None) -> tuple[float, list[int]]:
     """Collective: add up ``value`` over the ranks and learn whether any rank failed.
 
     Every rank of ``group`` must call it at the same point. If any rank passes an ``error``
     (its description), every rank gathers the descriptions and raises :class:`RankFailure`.
+    A ``payload`` tensor is summed over the ranks in place by the same collective (the status
+    rides at the end of its buffer, in its dtype): one all-reduce instead of two.
 
     Returns
     -------
@@ -67,11 +70,19 @@ def exchange_status(value: float = 0.0, error: str | None = None, nonfinite: boo
         if error is not None:
             raise RankFailure({0: error}, 1)
         return value, [0] if nonfinite else []
-    status = torch.zeros(1 + 2 * w, dtype=torch.float64, device=collective_device(group))
+    n = 0 if payload is None else payload.numel()
+    buffer = (torch.zeros(1 + 2 * w, dtype=torch.float64, device=collective_device(group))
+              if payload is None else
+              torch.zeros(n + 1 + 2 * w, dtype=payload.dtype, device=payload.device))
+    if payload is not None:
+        buffer[:n].copy_(payload.reshape(-1))
+    status = buffer[n:]
     status[0] = value
     status[1 + r] = error is not None
     status[1 + w + r] = nonfinite
-    dist.all_reduce(status, group=group)
+    dist.all_reduce(buffer, group=group)
+    if payload is not None:
+        payload.copy_(buffer[:n].view_as(payload))
     values = status.tolist()
     failed = [i for i in range(w) if values[1 + i]]
     if failed:
