@@ -88,9 +88,16 @@ def _param(guide: Any, name: str, access: Callable[[], Any]) -> torch.Tensor:
     return pyro.param(name)
 
 
-def _log_det(transform: Any, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """``T.inv.log_abs_det_jacobian(x, u)`` summed: the guide's Delta site's log-density."""
-    return transform.inv.log_abs_det_jacobian(x, u).sum()
+def _constrain(site: _Site, u: torch.Tensor, values: dict[str, torch.Tensor]
+               ) -> torch.Tensor | float:
+    """Put the site's constrained value ``x = T(u)`` in ``values``; return the guide's Delta
+    site's log-density, ``T.inv.log_abs_det_jacobian(x, u)`` summed (0 for the identity)."""
+    if site.transform is None:
+        values[site.name] = u
+        return 0.0
+    x = site.transform(u)
+    values[site.name] = x
+    return site.transform.inv.log_abs_det_jacobian(x, u).sum()
 
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -195,12 +202,7 @@ class LeanAutoNormal(LeanGuide):
                 self.sites, self.shapes, latent.split(self.sizes), locs, scales, strict=True):
             u = u.view(shape)
             self._remember(u, site_loc, site_scale)
-            if site.transform is None:
-                values[site.name] = u
-            else:
-                x = site.transform(u)
-                log_q = log_q + _log_det(site.transform, x, u)
-                values[site.name] = x
+            log_q = log_q + _constrain(site, u, values)
         return GuideDraw(values, log_q, tuple(n for pair in self.names for n in pair), latent)
 
 
@@ -227,13 +229,7 @@ class LeanAutoDiagonalNormal(LeanGuide):
         # backward scatters into a full-size zero tensor each)
         pieces = latent.split(self.sizes)
         for site, shape, piece in zip(self.sites, self.unconstrained, pieces, strict=True):
-            u = piece.view(shape)
-            if site.transform is None:
-                values[site.name] = u
-            else:
-                x = site.transform(u)
-                log_q = log_q + _log_det(site.transform, x, u)
-                values[site.name] = x
+            log_q = log_q + _constrain(site, piece.view(shape), values)
         return GuideDraw(values, log_q, self.names, latent)
 
 
