@@ -85,7 +85,7 @@ class LeanELBO(Trace_ELBO):
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
-        self._lean_for: tuple[int, LeanGuide | str] | None = None
+        self._lean_for: tuple[Any, LeanGuide | str] | None = None  # (guide, its drawer)
         self._warned: set[str] = set()
 
     # ------------------------------------------------------------------------------ the plan
@@ -94,11 +94,11 @@ class LeanELBO(Trace_ELBO):
         """The lean drawer of ``guide``, or None (after one warning) where ``Trace_ELBO`` runs."""
         if self.vectorize_particles:
             lean: LeanGuide | str = "vectorize_particles=True"
-        elif self._lean_for is not None and self._lean_for[0] == id(guide):
+        elif self._lean_for is not None and self._lean_for[0] is guide:
             lean = self._lean_for[1]
         else:
             lean = lean_guide(guide, args, kwargs)
-            self._lean_for = (id(guide), lean)
+            self._lean_for = (guide, lean)
         if isinstance(lean, str):
             if lean not in self._warned:
                 self._warned.add(lean)
