@@ -56,6 +56,14 @@ class DataPlate:
     kwarg_names: tuple[str, ...] = ()
 
 
+class UnknownLatentSite(RuntimeError):
+    """The model sampled a latent site that has no value to substitute (``site``: its name)."""
+
+    def __init__(self, site: str, message: str):
+        super().__init__(message)
+        self.site = site
+
+
 def _is_identity(transform: torch.distributions.Transform) -> bool:
     while isinstance(transform, IndependentTransform):
         transform = transform.base_transform
@@ -101,9 +109,10 @@ class _LogJoint(Messenger):
         if type(fn) is _Subsample or msg["infer"].get("_deterministic"):
             return
         if not msg["is_observed"] and msg["name"] not in self.values:
-            raise RuntimeError(
+            raise UnknownLatentSite(
+                msg["name"],
                 f"sample site {msg['name']!r} was not present when the kernel traced the model; "
-                "SG-MCMC kernels need a model with a fixed set of latent sites"
+                "SG-MCMC kernels need a model with a fixed set of latent sites",
             )
         if not msg["is_observed"] and not self.include_prior:
             return

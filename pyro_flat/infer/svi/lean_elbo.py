@@ -23,7 +23,7 @@ from pyro.infer import Trace_ELBO
 from pyro.infer.util import torch_item
 from pyro.util import warn_if_nan
 
-from pyro_flat.infer.mcmc.potential import _LogJoint
+from pyro_flat.infer.mcmc.potential import UnknownLatentSite, _LogJoint
 from pyro_flat.infer.svi.lean_guides import GuideDraw, LeanGuide, lean_guide
 
 
@@ -113,8 +113,14 @@ class LeanELBO(Trace_ELBO):
         draw = lean.draw()
         flat = {} if lean.flat_prior is None else lean.flat_prior.fns
         joint = _LogJoint(draw.values, None, None, flat)
-        with joint:
-            model(*args, **kwargs)
+        try:
+            with joint:
+                model(*args, **kwargs)
+        except UnknownLatentSite as error:
+            raise RuntimeError(
+                f"the model samples the latent site {error.site!r}, which the guide does not "
+                f"draw; {type(self).__name__} needs a guide of every latent site (Trace_ELBO "
+                "would sample it from the model's prior)") from None
         log_p = joint.log_joint + lean.log_prior(draw, joint.missed)
         return draw.log_q - log_p, draw
 

@@ -284,3 +284,12 @@ def test_one_loss_for_two_guides(float64):
         ref = loss_and_grads(Trace_ELBO(), model, guide, args)
         got = loss_and_grads(elbo, model, guide, args)
         assert_same(got, ref, rtol=1e-9)
+
+
+def test_a_model_latent_the_guide_does_not_draw_is_a_clear_error(float64):
+    pyro.clear_param_store()
+    args = classification_data()
+    guide = AutoNormal(pyro.poutine.block(logistic_model, hide=["p"]))
+    guide(*args)
+    with pytest.raises(RuntimeError, match="latent site 'p', which the guide does not draw"):
+        LeanELBO().loss_and_grads(logistic_model, guide, *args)
