@@ -205,7 +205,9 @@ class _ChainWriter:
         self.transforms = getattr(kernel, "transforms", None) or {}
         shapes, dtypes = {}, {}
         for name in self.names:
-            value = params[name]
+            value = params[name].detach()
+            if name in self.transforms:  # the constrained shape (LKJ: 1 -> 2 x 2, simplex ...)
+                value = self.transforms[name].inv(value)
             shapes[name] = tuple(value.shape[1:] if self.vectorized else value.shape)
             dtypes[name] = _numpy_dtype(value.dtype)
         default = torch.get_default_dtype()

@@ -233,3 +233,29 @@ def test_writers_of_other_chains_share_a_store_with_chain_offset(data, tmp_path)
     writer = DrawWriter(tmp_path / "draws", num_samples=NUM_SAMPLES, chain_offset=2)
     with pytest.raises(ValueError, match="already holds chains"):
         _mcmc(KERNELS["SGLD-vectorized"](), hook_fn=writer).run(*data)
+
+
+def mixed_model(x, y):
+    """Latents whose transform changes their shape (a 2 x 2 LKJ Cholesky factor stored as 1
+    value, a 3-simplex as 2), a full-batch plate and two observed sites."""
+    chol = pyro.sample("chol", dist.LKJCholesky(2, 2.0))
+    weights = pyro.sample("weights", dist.Dirichlet(torch.ones(3)))
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[1], 2]).to_event(2))
+    mean = x @ w
+    with pyro.plate("data", len(x)):
+        pyro.sample("y", dist.MultivariateNormal(mean, scale_tril=chol),
+                    obs=torch.stack([y, 1.0 - y], -1))
+        pyro.sample("k", dist.Categorical(weights), obs=(y * 2).long())
+
+
+@pytest.mark.parametrize("chains", [None, 2])
+def test_shape_changing_latents_are_written_in_their_constrained_shape(chains, data, tmp_path):
+    writer = DrawWriter(tmp_path / "draws", num_samples=NUM_SAMPLES, block_size=4)
+    kernel = SGLD(mixed_model, step_size=1e-3, vectorized_chains=chains)
+    mcmc = _mcmc(kernel, hook_fn=writer)
+    pyro.set_rng_seed(0)
+    mcmc.run(*data)
+    opened = open_draws(tmp_path / "draws")
+    _assert_same(opened, to_arviz(mcmc, **NO_REPLAY), constrained=("chol", "weights"))
+    posterior = _group(opened, "posterior")
+    assert posterior["chol"].shape[-2:] == (2, 2) and posterior["weights"].shape[-1] == 3

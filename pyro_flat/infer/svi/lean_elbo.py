@@ -128,16 +128,10 @@ class LeanELBO(Trace_ELBO):
 
     def loss(self, model: Callable, guide: Callable, *args: Any, **kwargs: Any) -> float:
         """The negative ELBO estimate (no gradients)."""
-        lean = self.lean_guide(guide, args, kwargs)
-        if lean is None:
+        if self.lean_guide(guide, args, kwargs) is None:
             return super().loss(model, guide, *args, **kwargs)
         with torch.no_grad():
-            loss = 0.0
-            for _ in range(self.num_particles):
-                loss += torch_item(self.particle(lean, model, args, kwargs)[0]) \
-                    / self.num_particles
-        warn_if_nan(loss, "loss")
-        return loss
+            return torch_item(self.differentiable_loss(model, guide, *args, **kwargs))
 
     def differentiable_loss(self, model: Callable, guide: Callable, *args: Any,
                             **kwargs: Any) -> torch.Tensor:
