@@ -6,10 +6,13 @@ one after the other, each a dozen small tensor operations. :class:`MultiTensorOp
 torch optimiser for the set of parameters that are stepped together, with one parameter group
 per distinct set of optimiser arguments, and lets torch's multi-tensor (``foreach``)
 implementation update them in one pass: the same update rule, a fraction of the dispatch cost.
+Where torch has a fused kernel for the optimiser on the parameters' device (Adam, AdamW, SGD and
+Adagrad on the CPU and CUDA), it is used: one pass over each parameter's memory per step.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -30,7 +33,12 @@ class MultiTensorOptim(PyroOptim):
     **Update rule**: that of ``optim_constructor`` (e.g. Adam), applied to every parameter that
     the SVI step touched, as :class:`pyro.optim.PyroOptim` applies it (a parameter not touched
     in a step is not updated and keeps its state); only the grouping differs: one optimiser for
-    the parameters stepped together, with ``foreach=True`` unless ``optim_args`` says otherwise.
+    the parameters stepped together, implemented by torch's fused kernel where it has one for
+    the optimiser and the parameters' device (``fused=True``), by its multi-tensor one
+    (``foreach=True``) otherwise, unless ``optim_args`` names ``fused`` or ``foreach``. After the
+    step the gradients of the stepped parameters are released (``grad = None``, as
+    ``torch.optim.Optimizer.zero_grad`` does by default), so that the next backward pass writes
+    them instead of adding to zeros.
     Same arguments, state (``get_state`` / ``set_state`` / ``save`` / ``load`` in Pyro's
     per-parameter format, interchangeable with ``pyro.optim``'s) and ``optim_objs`` (every
     parameter maps to its shared optimiser, so code that sets ``lr`` in
@@ -74,9 +82,24 @@ class MultiTensorOptim(PyroOptim):
 
     def _args_for(self, param: torch.Tensor) -> dict:
         args = dict(self._get_optim_args(param))
-        if not args.get("fused"):
+        if "fused" not in args and "foreach" not in args:
+            if self._fused_kernel_for(param):
+                args["fused"] = True
+            else:
+                args["foreach"] = True
+        elif not args.get("fused"):
             args.setdefault("foreach", True)
         return args
+
+    #: Device types on which torch's fused optimiser kernels run.
+    _FUSED_DEVICES = ("cpu", "cuda")
+
+    def _fused_kernel_for(self, param: torch.Tensor) -> bool:
+        """Whether torch's fused implementation of the optimiser applies to ``param``."""
+        if "fused" not in inspect.signature(self.pt_optim_constructor).parameters:
+            return False
+        return (param.device.type in self._FUSED_DEVICES and param.is_floating_point()
+                and not param.is_complex())
 
     def _build(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
         """One optimiser for ``params`` (one group per distinct arguments), state carried over
@@ -135,6 +158,8 @@ class MultiTensorOptim(PyroOptim):
             if clip is not None:
                 clip(p)
         optimizer.step(*args, **kwargs)
+        for p in params:
+            p.grad = None
 
     def get_state(self) -> dict:
         """Per-parameter state dicts, as :meth:`pyro.optim.PyroOptim.get_state` writes them."""
