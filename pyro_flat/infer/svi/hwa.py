@@ -14,7 +14,8 @@ moments (seed 004, Algorithm 1):
     s \leftarrow \frac{n s + \phi^2}{n + 1}, \qquad \mathrm{var} = s - \bar\phi^2 .
 
 The seed's variance recursion subtracts the squared mean inside the running average, which is
-not the variance of the snapshots; the second-moment form above (SWAG's) is. Averages are taken
+not the variance of the snapshots; the second-moment form above (SWAG's) is, and it is computed
+with Welford's update, which has no cancellation when the variance is small. Averages are taken
 per element in the *unconstrained* space, where Pyro's optimiser moves the parameters (a scale
 parameter is averaged as its log). The seed leaves :math:`\gamma_1, \gamma_2, c` open: they are
 arguments here.
@@ -47,6 +48,19 @@ class HWA:
         ``0 < gamma1 <= gamma2``.
     cycle_length : int
         :math:`c \\ge 1` steps per cycle; one snapshot per cycle.
+    scale : {"average", "snapshots"}
+        The scales of the averaged guide (:meth:`swapped`, :meth:`averaged_guide`).
+        ``"average"`` (default): every parameter, scales included, is its running average (a
+        scale is averaged as its unconstrained value, e.g. its log). ``"snapshots"``: the
+        paper's :math:`\\sigma^{HWA}` (seed 004, Algorithm 1, line 11): each mean's scale is
+        the standard deviation of that mean's snapshots, :math:`\\sqrt{s - \\bar\\mu^2}`
+        (at least the smallest positive float), and the fitted scales are not used. Means
+        and scales are paired by
+        :func:`~pyro_flat.infer.svi.sharpness_elbo.default_mean_and_scale` (``AutoNormal``,
+        ``AutoDiagonalNormal``, hand-written ``*_loc`` / ``*_scale`` guides); it needs two
+        snapshots. ``"average"`` is the default because the spread of the snapshots measures
+        how far the cyclical learning rate moves the means, which :math:`\\gamma_1,
+        \\gamma_2, c` set, rather than the posterior's width that SVI fitted into the scales.
 
     Examples
     --------
@@ -74,7 +88,8 @@ class HWA:
     (2018). Averaging weights leads to wider optima and better generalization. UAI.
     """
 
-    def __init__(self, svi: SVI, lr_bounds: tuple[float, float], cycle_length: int):
+    def __init__(self, svi: SVI, lr_bounds: tuple[float, float], cycle_length: int,
+                 scale: str = "average"):
         if not isinstance(svi, SVI):
             raise ValueError(f"svi must be a pyro.infer.SVI, got {type(svi).__name__}")
         if not hasattr(svi.optim, "optim_objs"):
@@ -91,10 +106,14 @@ class HWA:
         self.svi = svi
         self.lr_bounds = (low, high)
         self.cycle_length = validation.integer_at_least("cycle_length", cycle_length, 1)
+        if scale not in ("average", "snapshots"):
+            raise ValueError(f"scale must be 'average' or 'snapshots', got {scale!r}")
+        self.scale = scale
         self.num_steps = 0
         self.num_snapshots = 0
         self.mean: dict[str, torch.Tensor] = {}
-        self.second_moment: dict[str, torch.Tensor] = {}
+        #: Sum of squared deviations from the running mean (Welford), per parameter.
+        self.squared_deviations: dict[str, torch.Tensor] = {}
 
     def learning_rate(self, step: int) -> float:
         """:math:`\\gamma_t` at step ``t`` (0-based)."""
@@ -138,16 +157,24 @@ class HWA:
                 if n:  # a parameter that appeared late: start its average now
                     raise RuntimeError(f"parameter {name!r} appeared after {n} snapshots")
                 self.mean[name] = value.clone()
-                self.second_moment[name] = value.square()
+                self.squared_deviations[name] = torch.zeros_like(value)
                 continue
-            self.mean[name].mul_(n / (n + 1)).add_(value, alpha=1 / (n + 1))
-            self.second_moment[name].mul_(n / (n + 1)).add_(value.square(), alpha=1 / (n + 1))
+            # Welford's update: the same mean and variance as the running second moment,
+            # without its cancellation when the variance is small next to the squared mean
+            delta = value - self.mean[name]
+            self.mean[name].add_(delta, alpha=1 / (n + 1))
+            self.squared_deviations[name].add_(delta * (value - self.mean[name]))
         self.num_snapshots = n + 1
 
     def variance(self) -> dict[str, torch.Tensor]:
         """Per-element variance of the snapshots, :math:`s - \\bar\\phi^2` (unconstrained)."""
-        return {k: (self.second_moment[k] - m.square()).clamp_min(0.0)
-                for k, m in self.mean.items()}
+        n = max(self.num_snapshots, 1)
+        return {k: (d / n).clamp_min(0.0) for k, d in self.squared_deviations.items()}
+
+    @property
+    def second_moment(self) -> dict[str, torch.Tensor]:
+        """Per-element running second moment :math:`s` of the snapshots (unconstrained)."""
+        return {k: v + self.mean[k].square() for k, v in self.variance().items()}
 
     @contextlib.contextmanager
     def swapped(self) -> Iterator[None]:
@@ -162,16 +189,41 @@ class HWA:
             raise RuntimeError("HWA has no snapshot yet: run at least cycle_length steps")
         store = pyro.get_param_store()
         live = {k: store.get_param(k).unconstrained() for k in self.mean}
+        averaged = self.averaged_values()
         saved = {k: v.detach().clone() for k, v in live.items()}
         try:
             with torch.no_grad():
                 for k, v in live.items():
-                    v.copy_(self.mean[k])
+                    v.copy_(averaged[k])
             yield
         finally:
             with torch.no_grad():
                 for k, v in live.items():
                     v.copy_(saved[k])
+
+    def averaged_values(self) -> dict[str, torch.Tensor]:
+        """The unconstrained parameter values of the averaged guide (see ``scale``)."""
+        if self.scale == "average":
+            return self.mean
+        if self.num_snapshots < 2:
+            raise RuntimeError("scale='snapshots' needs two snapshots: run at least "
+                               "2 * cycle_length steps")
+        from pyro_flat.infer.svi.sharpness_elbo import default_mean_and_scale
+
+        store = pyro.get_param_store()
+        variance = self.variance()
+        values = dict(self.mean)
+        for name in self.mean:
+            is_mean, scale = default_mean_and_scale(name, self.mean, self.svi.guide)
+            if not is_mean or scale is None:
+                continue
+            sd = variance[name].sqrt().clamp_min(torch.finfo(variance[name].dtype).tiny)
+            to_scale = torch.distributions.transform_to(store._constraints[scale])
+            values[scale] = to_scale.inv(sd.expand_as(self.mean[scale]))
+        if values.keys() == self.mean.keys() and all(values[k] is self.mean[k] for k in values):
+            raise RuntimeError("scale='snapshots' found no mean parameter with a scale in the "
+                               "guide")
+        return values
 
     def averaged_guide(self) -> Callable[..., Any]:
         """The wrapped guide with the averaged parameters, for ``Predictive`` and BMA.
@@ -193,14 +245,23 @@ class HWA:
 
     def state_dict(self) -> dict[str, Any]:
         return {"num_steps": self.num_steps, "num_snapshots": self.num_snapshots,
+                "scale": self.scale,
                 "mean": {k: v.clone() for k, v in self.mean.items()},
-                "second_moment": {k: v.clone() for k, v in self.second_moment.items()},
+                "squared_deviations": {k: v.clone() for k, v in
+                                       self.squared_deviations.items()},
                 "lr_bounds": self.lr_bounds, "cycle_length": self.cycle_length}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.num_steps = int(state["num_steps"])
         self.num_snapshots = int(state["num_snapshots"])
         self.mean = {k: v.clone() for k, v in state["mean"].items()}
-        self.second_moment = {k: v.clone() for k, v in state["second_moment"].items()}
+        if "squared_deviations" in state:
+            self.squared_deviations = {k: v.clone()
+                                       for k, v in state["squared_deviations"].items()}
+        else:  # a state saved with the running second moment
+            n = self.num_snapshots
+            self.squared_deviations = {k: n * (v - self.mean[k].square()).clamp_min(0.0)
+                                       for k, v in state["second_moment"].items()}
         self.lr_bounds = tuple(state["lr_bounds"])
         self.cycle_length = int(state["cycle_length"])
+        self.scale = state.get("scale", "average")

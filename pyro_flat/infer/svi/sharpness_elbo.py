@@ -179,6 +179,15 @@ class SharpnessAwareELBO(LeanELBO):
     geometry : bool
         Use :math:`D = \mathrm{diag}(1/\sigma)` (the seed's "+ Geometry" variant) instead of
         :math:`D = I`.
+    radius : {"metric", "euclidean"}
+        What :math:`\rho` bounds in the geometry variant. ``"metric"`` (default, the seed's):
+        the :math:`D^{-1}` norm, :math:`\sqrt{e^\top D^{-1} e} = \rho`; the step's Euclidean
+        length is then :math:`\rho\,\|Dg\|_2 / \sqrt{g^\top D g}`, which grows with
+        :math:`1/\sigma` (3-10 times :math:`\rho` for the small scales of a trained BNN
+        guide), so F-SGVB and its geometry variant at the same ``rho`` take steps of different
+        lengths. ``"euclidean"``: the same direction :math:`Dg` scaled to Euclidean length
+        :math:`\rho`, :math:`e = \rho\, Dg / \|Dg\|_2`, to compare the two variants at the
+        same radius. Without ``geometry`` both are SAM's step.
     mean_params : iterable of str or callable, optional
         The mean parameters (param-store names), or a predicate ``name -> bool``; replaces the
         name rule for means.
@@ -223,6 +232,7 @@ class SharpnessAwareELBO(LeanELBO):
         rho: float = 0.05,
         geometry: bool = False,
         *,
+        radius: str = "metric",
         mean_params: Iterable[str] | Callable[[str], bool] | None = None,
         scale_params: Mapping[str, str] | None = None,
         batchnorm_modules: Iterable[torch.nn.Module] = (),
@@ -230,6 +240,9 @@ class SharpnessAwareELBO(LeanELBO):
     ):
         self.rho = validation.nonnegative("rho", rho)
         self.geometry = bool(geometry)
+        if radius not in ("metric", "euclidean"):
+            raise ValueError(f"radius must be 'metric' or 'euclidean', got {radius!r}")
+        self.radius = radius
         if mean_params is not None and not callable(mean_params):
             if isinstance(mean_params, str):
                 raise ValueError("mean_params must be an iterable of names or a predicate, "
@@ -296,7 +309,12 @@ class SharpnessAwareELBO(LeanELBO):
         """:math:`\\rho D g / \\sqrt{g^\\top D g}` per mean (None where a mean has no
         gradient); None if g is zero or non-finite."""
         metric = [s.reciprocal() for _, _, s in means] if self.geometry else None
-        return ascent_perturbation(grads, self.rho, metric=metric)
+        step = ascent_perturbation(grads, self.rho, metric=metric)
+        if step is None or metric is None or self.radius == "metric":
+            return step
+        length = torch.linalg.vector_norm(torch.stack(
+            [torch.linalg.vector_norm(e) for e in step if e is not None]))
+        return [None if e is None else e.mul_(self.rho / float(length)) for e in step]
 
     def _batchnorm(self, model: Any) -> list[torch.nn.Module]:
         found = {id(m): m for m in find_batchnorm(model)}

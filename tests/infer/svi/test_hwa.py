@@ -98,6 +98,54 @@ def test_one_snapshot_averaged_guide_equals_the_base_guide(guide_class):
         assert not all(torch.allclose(after[k], v) for k, v in guide.median().items())
 
 
+@pytest.mark.parametrize("guide_class", [AutoNormal, AutoDiagonalNormal])
+def test_snapshot_scales_are_the_spread_of_the_mean_snapshots(guide_class):
+    """scale='snapshots': the paper's sigma^HWA, the standard deviation of each mean's
+    snapshots, computed here directly from the snapshots; the means are the averages."""
+    svi, guide = fitted(guide_class)
+    hwa = HWA(svi, lr_bounds=(0.001, 0.02), cycle_length=3, scale="snapshots")
+    x, y = data()
+    store = pyro.get_param_store()
+    loc, scale = {AutoNormal: ("AutoNormal.locs.w", "AutoNormal.scales.w"),
+                  AutoDiagonalNormal: ("AutoDiagonalNormal.loc",
+                                       "AutoDiagonalNormal.scale")}[guide_class]
+    snapshots = []
+    for t in range(12):
+        hwa.step(x, y)
+        if (t + 1) % 3 == 0:
+            snapshots.append(store[loc].detach().clone())
+    stacked = torch.stack(snapshots)
+    fitted_scale = store[scale].detach().clone()
+    with hwa.swapped():
+        assert torch.allclose(store[loc], stacked.mean(0), atol=1e-6)
+        expected = stacked.std(0, unbiased=False)
+        assert torch.allclose(store[scale], expected, rtol=1e-3, atol=1e-7)
+        assert not torch.allclose(store[scale], fitted_scale, rtol=0.1)
+    assert torch.equal(store[scale].detach(), fitted_scale)  # the live scales are restored
+    average = HWA(svi, (0.001, 0.02), 3)
+    average.load_state_dict({**hwa.state_dict(), "scale": "average"})
+    with average.swapped():  # the default averages the scales' unconstrained values
+        assert torch.allclose(store._params[scale], hwa.mean[scale])
+
+
+def test_snapshot_scales_need_two_snapshots_and_a_scale():
+    svi, _ = fitted(AutoNormal)
+    hwa = HWA(svi, lr_bounds=(0.001, 0.01), cycle_length=2, scale="snapshots")
+    x, y = data()
+    for _ in range(2):
+        hwa.step(x, y)
+    with pytest.raises(RuntimeError, match="needs two snapshots"):
+        with hwa.swapped():
+            pass
+    svi, _ = fitted(AutoDelta)
+    hwa = HWA(svi, lr_bounds=(0.001, 0.01), cycle_length=1, scale="snapshots")
+    for _ in range(2):
+        hwa.step(x, y)
+    with pytest.raises(RuntimeError, match="no mean parameter with a scale"):
+        with hwa.swapped():
+            pass
+
+
 def test_state_round_trip():
     svi, _ = fitted(AutoNormal)
     hwa = HWA(svi, lr_bounds=(0.001, 0.01), cycle_length=2)
@@ -116,6 +164,7 @@ def test_state_round_trip():
     (dict(lr_bounds=(0.1, -1.0)), r"lr_bounds\[1\]"),
     (dict(lr_bounds=(0.1, 0.01)), "gamma1 <= gamma2"),
     (dict(lr_bounds=0.1), "pair"),
+    (dict(scale="fitted"), "scale must be 'average' or 'snapshots'"),
 ])
 def test_bad_input(kwargs, match):
     svi, _ = fitted(AutoNormal, steps=1)

@@ -143,9 +143,10 @@ def quadratic_guide(h, m):
     handwritten_guide(torch.zeros(1, len(m), dtype=m.dtype), None)
 
 
-@pytest.mark.parametrize("geometry", [False, True])
+@pytest.mark.parametrize("geometry,radius", [(False, "metric"), (True, "metric"),
+                                             (True, "euclidean")])
 @pytest.mark.parametrize("kind", GUIDES)
-def test_ascent_step_has_the_closed_form_direction_and_length(kind, geometry):
+def test_ascent_step_has_the_closed_form_direction_and_length(kind, geometry, radius):
     h, m = quadratic_target()
     model = quadratic_model
     guide = {"handwritten": lambda: quadratic_guide}.get(kind, lambda: None)()
@@ -166,15 +167,21 @@ def test_ascent_step_has_the_closed_form_direction_and_length(kind, geometry):
     z = (w - mu) / sigma
     rho = 0.2
     _, g0, _ = loss_and_grads(Trace_ELBO(), model, guide, h, m)
-    _, g1, _ = loss_and_grads(SharpnessAwareELBO(rho=rho, geometry=geometry), model, guide, h, m)
+    elbo = SharpnessAwareELBO(rho=rho, geometry=geometry, radius=radius)
+    _, g1, _ = loss_and_grads(elbo, model, guide, h, m)
     g = h @ (mu + sigma * z - m)  # the mean's gradient at mu (the entropy term has none)
     assert torch.allclose(g0[loc_name], g, atol=1e-10)
     d = 1.0 / sigma if geometry else torch.ones_like(sigma)
-    e = rho * d * g / torch.sqrt(g @ (d * g))
-    # direction D g and length rho in the ball's norm, recovered from the gradients alone
+    if radius == "metric":
+        e = rho * d * g / torch.sqrt(g @ (d * g))
+    else:
+        e = rho * d * g / torch.linalg.vector_norm(d * g)
+    # direction D g and length rho in the ball's norm (radius="metric") or in the Euclidean
+    # norm (radius="euclidean"), recovered from the gradients alone
     e_seen = torch.linalg.solve(h, g1[loc_name] - g0[loc_name])
     assert torch.allclose(e_seen, e, atol=1e-10)
-    assert float(torch.sqrt(e_seen @ (e_seen / d))) == pytest.approx(rho, rel=1e-9)
+    norm = d if radius == "metric" else torch.ones_like(d)
+    assert float(torch.sqrt(e_seen @ (e_seen / norm))) == pytest.approx(rho, rel=1e-9)
     # the scale takes its gradient at mu' (Danskin): d/dsigma = z * H(mu' + sigma z - m) - 1/sigma
     raw = store._params[scale_name]
     to_sigma = torch.distributions.transform_to(store._constraints[scale_name])
@@ -349,6 +356,8 @@ def test_bad_rho(rho):
 def test_bad_arguments():
     with pytest.raises(ValueError, match="mean_params"):
         SharpnessAwareELBO(mean_params="w_loc")
+    with pytest.raises(ValueError, match="radius must be 'metric' or 'euclidean'"):
+        SharpnessAwareELBO(geometry=True, radius="l2")
     with pytest.raises(ValueError, match="batchnorm_modules"):
         SharpnessAwareELBO(batchnorm_modules=[torch.nn.Linear(2, 2)])
 
