@@ -59,11 +59,13 @@ class L2E(SGMCMCKernel):
     (about 0.16 with their ``noise_mult = 1e-3``, ``step_mult = 2`` on CIFAR-10), a tempered
     sampler: :meth:`authors_settings` gives those arguments. With ``kinetic_energy="standard"``
     (:math:`g = \tfrac12\lVert r\rVert^2`: :math:`\alpha = 0`, :math:`\beta = r`) the step is
-    :class:`SGHMC`'s with ``friction = C``, unit mass.
+    :class:`~pyro_flat.infer.SGHMC`'s with ``friction = C``, unit mass.
 
     **Cost.** Per step, besides the gradient, two passes of the network over all parameters
-    (about 1,400 multiply-adds per parameter each); ``benchmarks/l2e_step_time.py`` measures
-    the step against SGLD's.
+    (about 1,400 multiply-adds per parameter each). On x86-64 CPUs with AVX2 they run in a
+    compiled kernel built on first use (:mod:`pyro_flat.infer.mcmc.native`; torch's kernels
+    elsewhere, about half as fast); ``benchmarks/l2e_step_time.py`` measures the step against
+    SGLD's.
 
     Parameters
     ----------
@@ -75,8 +77,8 @@ class L2E(SGMCMCKernel):
         The network's parameters: a :class:`~pyro_flat.infer.mcmc.l2e_net.MetaNet`, an
         ``.npz`` file (this project's format or the authors' haiku layout ``linear_0.w`` ...),
         a mapping of those names to arrays, or ``None`` for the parameters shipped with
-        pyro_flat (meta-trained by ``benchmarks/l2e_meta_train.py``). The older order
-        ``L2E(model, meta_params, step_size)`` still works, with a ``FutureWarning``.
+        pyro_flat (meta-trained by ``benchmarks/l2e_meta_train.py``). The positional order
+        ``L2E(model, meta_params, step_size)`` is deprecated (``FutureWarning``).
     step_mult : float
         The authors' step multiplier, used when ``step_size`` is ``None``; positive.
     num_data : int, optional

@@ -131,7 +131,7 @@ class SharpnessAwareELBO(LeanELBO):
     :math:`\mu`, as ``Trace_ELBO`` returns. A zero or non-finite :math:`g` gives
     :math:`\mu' = \mu` (the step is :func:`pyro_flat.ascent.ascent_perturbation`).
 
-    **The seed's ambiguity about** :math:`\sigma`: here :math:`\sigma` (and every other
+    **The paper's ambiguity about** :math:`\sigma`: here :math:`\sigma` (and every other
     parameter that is not a mean, e.g. in the model) takes its gradient at :math:`\mu'`, not at
     :math:`\mu`. The objective is :math:`F(\mu,\sigma) = \mathbb E_z \max_{\delta}
     \ell(\mu + \delta, \sigma; z)`; by Danskin's theorem its gradient in :math:`\sigma` is the
@@ -152,7 +152,7 @@ class SharpnessAwareELBO(LeanELBO):
     geometry variant needs a scale for every mean; a missing one raises ``ValueError`` naming it.
 
     **Particles.** With ``num_particles = P`` run one after the other, every particle has its
-    own :math:`z`, :math:`g` and :math:`\mu'`: the seed's :math:`\mathbb E_z \max`. With
+    own :math:`z`, :math:`g` and :math:`\mu'`: the paper's :math:`\mathbb E_z \max`. With
     ``vectorize_particles=True`` the ``P`` particles share one guide run, and so one set of
     means: :math:`g` is then the gradient of the ``P``-particle average and one ascent step is
     shared by them (SAM on the ``P``-sample ELBO; the maximum moves outside the average over
@@ -174,17 +174,17 @@ class SharpnessAwareELBO(LeanELBO):
     Parameters
     ----------
     rho : float
-        Radius :math:`\rho \ge 0` of the ball around the means (the seed uses 0.05 on
+        Radius :math:`\rho \ge 0` of the ball around the means (the paper uses 0.05 on
         CIFAR-10); ``0`` is ``Trace_ELBO``.
     geometry : bool
-        Use :math:`D = \mathrm{diag}(1/\sigma)` (the seed's "+ Geometry" variant) instead of
+        Use :math:`D = \mathrm{diag}(1/\sigma)` (the paper's "+ Geometry" variant) instead of
         :math:`D = I`.
     radius : {"metric", "euclidean"}
-        What :math:`\rho` bounds in the geometry variant. ``"metric"`` (default, the seed's):
+        What :math:`\rho` bounds in the geometry variant. ``"metric"`` (default, the paper's):
         the :math:`D^{-1}` norm, :math:`\sqrt{e^\top D^{-1} e} = \rho`; the step's Euclidean
         length is then :math:`\rho\,\|Dg\|_2 / \sqrt{g^\top D g}`, which grows with
-        :math:`1/\sigma` (3-10 times :math:`\rho` for the small scales of a trained BNN
-        guide), so F-SGVB and its geometry variant at the same ``rho`` take steps of different
+        :math:`1/\sigma` (several times :math:`\rho` for the small scales of a trained
+        BNN guide), so F-SGVB and its geometry variant at the same ``rho`` take steps of different
         lengths. ``"euclidean"``: the same direction :math:`Dg` scaled to Euclidean length
         :math:`\rho`, :math:`e = \rho\, Dg / \|Dg\|_2`, to compare the two variants at the
         same radius. Without ``geometry`` both are SAM's step.

@@ -1,0 +1,160 @@
+r"""A compiled CPU kernel for L2E's meta-network pass, built from C on first use.
+
+:class:`~pyro_flat.infer.mcmc.l2e_chunked.ChunkedMetaNet` evaluates the 9-32-32-1 network of
+L2E on every parameter twice per step. With torch's kernels that is six matrix-library calls
+and three elementwise passes per chunk of rows; ``meta_rows.c`` computes the network row by row
+(sixteen rows per SIMD pass, AVX2 and FMA) with its weights and activations in the first-level
+cache, about twice as fast on one core (``benchmarks/l2e_step_time.py``). It is used when
+
+* the input is float32 on the CPU, in the feature-major layout of
+  :class:`~pyro_flat.infer.mcmc.l2e_net.L2EState`, and the network is 9-32-32;
+* the CPU has AVX2 and FMA, and a C compiler (``$CC``, else ``cc``) built the kernel: on first
+  use it is compiled with ``-O3 -mavx2 -mfma`` into ``$PYRO_FLAT_CACHE_DIR`` (default
+  ``~/.cache/pyro_flat``) and loaded with :mod:`ctypes`; later processes load the built file;
+* ``PYRO_FLAT_NATIVE`` is not ``0``.
+
+Otherwise torch's kernels run (:func:`status` says why). Both compute the same network in
+float32; their sums are rounded in different orders, so their outputs differ by a few ulps.
+With several torch threads (:func:`torch.get_num_threads`) the rows are split between as many
+threads (the kernel releases Python's lock while it runs).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("meta_rows.c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-shared", "-fPIC")
+#: The network shape the kernel computes: features, hidden units.
+FEATURES, HIDDEN = 9, 32
+#: Rows per thread below which the pass is not split between threads.
+MIN_ROWS_PER_THREAD = 4096
+
+_float_p = ctypes.POINTER(ctypes.c_float)
+
+
+def cache_dir() -> Path:
+    """Where the built kernel is kept: ``$PYRO_FLAT_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/pyro_flat``, else ``~/.cache/pyro_flat``."""
+    if os.environ.get("PYRO_FLAT_CACHE_DIR"):
+        return Path(os.environ["PYRO_FLAT_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "pyro_flat"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), (sysconfig.get_config_var("CC") or "").split(" ")[0],
+                 "cc", "gcc"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _build(compiler: str) -> Path:
+    """The kernel's shared library, compiled into the cache unless it is there already (named
+    by a hash of the source, the flags and the compiler; written atomically)."""
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join((compiler, *FLAGS)).encode())
+    target = cache_dir() / f"meta_rows-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], check=True,
+                       capture_output=True, timeout=120)
+        os.replace(built, target)
+    return target
+
+
+@functools.cache
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    """``(library, "")``, or ``(None, why not)``."""
+    if os.environ.get("PYRO_FLAT_NATIVE", "1") == "0":
+        return None, "PYRO_FLAT_NATIVE=0"
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None, f"the kernel is for x86-64 CPUs, this is {platform.machine()}"
+    compiler = _compiler()
+    if compiler is None:
+        return None, "no C compiler found ($CC, cc, gcc)"
+    try:
+        lib = ctypes.CDLL(str(_build(compiler)))
+    except (OSError, subprocess.SubprocessError) as error:
+        detail = getattr(error, "stderr", b"") or b""
+        return None, f"building the kernel failed: {error} {detail.decode(errors='replace')}"
+    if not lib.meta_rows_supported():
+        return None, "the CPU lacks AVX2 or FMA"
+    lib.meta_rows.restype = None
+    lib.meta_rows.argtypes = [_float_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                              _float_p, _float_p, _float_p, _float_p, _float_p, ctypes.c_float,
+                              _float_p]
+    return lib, ""
+
+
+def status() -> str:
+    """``"available"``, or why the torch path runs instead."""
+    lib, why = _load()
+    return "available" if lib is not None else why
+
+
+def applies(x: torch.Tensor, hidden: int) -> bool:
+    """Whether the kernel computes the pass for the ``(n, 9)`` input ``x`` (a transposed view
+    of a contiguous ``(9, n)`` float32 CPU tensor) of a network with ``hidden`` units."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and x.ndim == 2
+            and x.shape[1] == FEATURES and hidden == HIDDEN and x.T.is_contiguous()
+            and _load()[0] is not None)
+
+
+def _ptr(t: torch.Tensor) -> ctypes._Pointer:
+    return ctypes.cast(t.data_ptr(), _float_p)
+
+
+@functools.cache
+def _pool(threads: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(threads, thread_name_prefix="pyro_flat_meta_rows")
+
+
+def meta_rows(x: torch.Tensor, segments: Sequence[tuple[int, int]], first: torch.Tensor,
+              b0: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w_out: torch.Tensor,
+              b_out: float, out: torch.Tensor) -> torch.Tensor:
+    """``out[i] = b_out + w_out . relu(relu(x_i first[s] + b0) w1 + b1)`` for the rows ``i`` of
+    each segment ``s``; all tensors contiguous float32 on the CPU (``x`` as in :func:`applies`,
+    ``first`` of shape ``(segments, 9, 32)``, ``w1`` ``(32, 32)`` as ``(in, out)``). Returns
+    ``out``."""
+    lib = _load()[0]
+    if lib is None:  # pragma: no cover - callers check applies() first
+        raise RuntimeError(f"the native kernel is not available: {status()}")
+    features = x.T
+    n = features.shape[1]
+    pointers = (_ptr(features), _ptr(b0), _ptr(w1), _ptr(b1), _ptr(w_out), _ptr(out))
+    x_p, b0_p, w1_p, b1_p, w_p, out_p = pointers
+
+    def rows(lo: int, hi: int) -> None:
+        for j, (a, b) in enumerate(segments):
+            a, b = max(a, lo), min(b, hi)
+            if a < b:
+                lib.meta_rows(x_p, n, a, b, _ptr(first[j]), b0_p, w1_p, b1_p, w_p,
+                              b_out, out_p)
+
+    threads = min(torch.get_num_threads(), max(1, n // MIN_ROWS_PER_THREAD))
+    if threads == 1:
+        rows(0, n)
+    else:
+        bounds = [n * t // threads // 16 * 16 for t in range(threads)] + [n]
+        list(_pool(threads).map(rows, bounds[:-1], bounds[1:]))
+    return out
+
+
+__all__ = ["applies", "cache_dir", "meta_rows", "status"]
