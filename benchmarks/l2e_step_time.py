@@ -19,8 +19,10 @@ faults per step come from ``resource.getrusage`` read at the same two draws: a k
 returns large temporaries to the OS and touches them again shows here.
 
 The rounds run in a *fresh* Python process (a subprocess with ``OMP_NUM_THREADS=1``), so
-nothing that an earlier benchmark warmed up (allocator caches, grown heap) helps. Target:
-L2E <= 4 x SGLD per step.
+nothing that an earlier benchmark warmed up (allocator caches, grown heap) helps: once with
+the meta-network in the compiled kernel (:mod:`pyro_flat.infer.mcmc.native`, where it builds)
+and once on torch's kernels (``PYRO_FLAT_NATIVE=0``), each against SGLD in its own rounds.
+Target: L2E <= 4 x SGLD per step.
 
 Run::
 
@@ -55,6 +57,7 @@ def _worker(rounds: int, draws: int) -> dict:
     from pyro.infer import MCMC
 
     from pyro_flat.infer import L2E, SGLD
+    from pyro_flat.infer.mcmc import native
 
     sys.path.insert(0, str(Path(__file__).parent))
     import step_overhead as so
@@ -94,14 +97,15 @@ def _worker(rounds: int, draws: int) -> dict:
     steps = so.STEPS_PER_DRAW * (draws - 1)
     num_params = sum(p.numel() for p in so.make_mlp().parameters())
     return {"series": series, "steps_per_run": steps, "num_params": num_params,
-            "torch": torch.__version__, "pyro": pyro.__version__, "cpu": so.cpu_model()}
+            "torch": torch.__version__, "pyro": pyro.__version__, "cpu": so.cpu_model(),
+            "native": native.status()}
 
 
 def summarise(raw: dict) -> dict:
     """Medians per kernel and the per-round L2E / SGLD ratios (median and quartiles)."""
     series = raw["series"]
     out: dict = {"num_params": raw["num_params"], "steps_per_run": raw["steps_per_run"],
-                 "rounds": len(series["SGLD"]["wall"])}
+                 "rounds": len(series["SGLD"]["wall"]), "native": raw["native"]}
     for clock in ("wall", "cpu"):
         ratios = [a / b for a, b in zip(series["L2E"][clock], series["SGLD"][clock],
                                         strict=True)]
@@ -114,23 +118,33 @@ def summarise(raw: dict) -> dict:
     return out
 
 
-def table(summary: dict) -> str:
-    faults = summary["minor_faults_per_step"]
-    lines = ["| clock | SGLD ms/step | L2E ms/step | L2E / SGLD, median [quartiles] | "
-             "fastest L2E / fastest SGLD | minor faults/step SGLD | minor faults/step L2E |",
-             "|---|---:|---:|---|---:|---:|---:|"]
-    for clock in ("wall", "cpu"):
-        s = summary[clock]
-        lines.append(f"| {clock} | {s['ms_SGLD']:.2f} | {s['ms_L2E']:.2f} | {s['ratio']:.2f} "
-                     f"[{s['ratio_q1']:.2f}, {s['ratio_q3']:.2f}] | {s['ratio_of_fastest']:.2f} | "
-                     f"{faults['SGLD']:.1f} | "
-                     f"{faults['L2E']:.1f} |")
+def table(summaries: dict[str, dict]) -> str:
+    lines = ["| meta-network on | clock | SGLD ms/step | L2E ms/step | L2E / SGLD, median "
+             "[quartiles] | fastest L2E / fastest SGLD | minor faults/step SGLD | "
+             "minor faults/step L2E |", "|---|---|---:|---:|---|---:|---:|---:|"]
+    for kernel, summary in summaries.items():
+        lines += _rows(kernel, summary)
     return "\n".join(lines)
 
 
-def run_fresh(rounds: int, draws: int, threads: int = 1) -> dict:
-    """The rounds in a fresh Python process with ``threads`` OpenMP threads."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+def _rows(kernel: str, summary: dict) -> list[str]:
+    faults = summary["minor_faults_per_step"]
+    lines = []
+    for clock in ("wall", "cpu"):
+        s = summary[clock]
+        lines.append(f"| {kernel} | {clock} | {s['ms_SGLD']:.2f} | {s['ms_L2E']:.2f} | "
+                     f"{s['ratio']:.2f} "
+                     f"[{s['ratio_q1']:.2f}, {s['ratio_q3']:.2f}] | {s['ratio_of_fastest']:.2f} | "
+                     f"{faults['SGLD']:.1f} | "
+                     f"{faults['L2E']:.1f} |")
+    return lines
+
+
+def run_fresh(rounds: int, draws: int, threads: int = 1, native: bool = True) -> dict:
+    """The rounds in a fresh Python process with ``threads`` OpenMP threads, the meta-network
+    in the compiled kernel (where it builds) or on torch's kernels."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "PYRO_FLAT_NATIVE": "1" if native else "0"}
     done = subprocess.run([sys.executable, __file__, "--worker", "--rounds", str(rounds),
                            "--draws", str(draws)], env=env, check=True, capture_output=True,
                           text=True)
@@ -154,9 +168,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         print(json.dumps(_worker(args.rounds, args.draws)))
         return
-    raw = run_fresh(args.rounds, args.draws, args.threads)
-    summary = summarise(raw)
-    text = table(summary)
+    raws = {"compiled kernel": run_fresh(args.rounds, args.draws, args.threads, True),
+            "torch": run_fresh(args.rounds, args.draws, args.threads, False)}
+    summaries = {k: summarise(r) for k, r in raws.items()}
+    raw, summary = raws["compiled kernel"], summaries["compiled kernel"]
+    text = table(summaries)
     print(text)
     meta = {"command": " ".join(["python", *sys.argv]), "torch": raw["torch"],
             "pyro": raw["pyro"], "cpu": raw["cpu"], "target": f"L2E / SGLD <= {TARGET:g}",
@@ -166,7 +182,8 @@ def main(argv: list[str] | None = None) -> None:
     threads = "one thread" if args.threads == 1 else f"{args.threads} threads"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"l2e_step_time{suffix}.json").write_text(json.dumps(
-        {"meta": meta, "summary": summary, "series": raw["series"]}, indent=1))
+        {"meta": meta, "summaries": summaries,
+         "series": {k: r["series"] for k, r in raws.items()}}, indent=1))
     (args.out / f"l2e_step_time{suffix}.md").write_text(
         "# L2E step time against SGLD, in a fresh process\n\n"
         f"- command: `{meta['command']}`; {meta['cpu']}; torch {meta['torch']}; "
@@ -175,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
         f"10 SG steps per draw; steady step time through `MCMC.run` (first to last of "
         f"{args.draws} draws, read by `hook_fn`), {summary['rounds']} interleaved rounds; "
         f"target: "
-        f"{meta['target']}\n\n" + text + "\n")
+        f"{meta['target']}\n- compiled kernel: {summary['native']}\n\n" + text + "\n")
 
 
 if __name__ == "__main__":
