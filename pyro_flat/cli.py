@@ -24,12 +24,9 @@ Setup (the same for every method; see :class:`pyro_flat.compare.config.Settings`
   hidden layer of 100) that reads the input as a signal (MNIST-1D, digits). Every weight and
   bias has the prior ``N(0, 3^2 / fan_in)`` (``make_bayesian(net, prior_scale=3.0,
   scale_rule="fan_in")``). The fan-in scaling keeps the scale of the activations bounded for
-  networks drawn near the prior; the factor 3 keeps the prior's pull weak. Measured with the
-  former 12,000-step quick budget: ``N(0, 1/fan_in)`` acts on the mean loss as an L2 penalty of
-  ``fan_in / N`` per weight (0.025 for a 100-unit layer on MNIST-1D's 4000 points), too strong:
-  its MAP reaches 48% *train* accuracy on MNIST-1D. A fixed ``N(0, 1)`` lets the chains drift to
-  weights of RMS about 1, where each 100-unit layer amplifies by about 7, the loss gets sharp
-  and SGLD at ``lr = 0.2`` blows up on digits.
+  networks drawn near the prior; the factor 3 keeps the prior's pull weak (``N(0, 1/fan_in)``
+  underfits and a fixed ``N(0, 1)`` makes SGLD diverge on digits: ``benchmarks/README.md``,
+  "Notes on design choices").
 * Likelihood ``Categorical(logits=net(x))`` on minibatches of 128, scaled by ``N/B``; posterior
   temperature 1.
 * Step sizes come from one SGD-like learning rate ``lr`` on the *mean* loss (``lr = 0.2``): the
@@ -66,17 +63,24 @@ Setup (the same for every method; see :class:`pyro_flat.compare.config.Settings`
   the same work (all threads of the process), a better measure on a shared machine.
 * Sharpness: the mean over the draws of ``L(theta + rho g/|g|) - L(theta)`` (mean loss on the
   first 1,000 training points, ``rho = 0.05``; :func:`pyro_flat.flatness.sharpness`).
+* Seeds: ``--seed s`` sets the data split (or generation) and every method's randomness;
+  ``--seeds K`` runs everything for the seeds ``s, ..., s + K - 1`` and reports each metric as
+  its mean ± standard error over the seeds, and the *paired* differences of every
+  flat-seeking method against its baseline (SASGLD, EntropyMCMC and ContourSGLD against SGLD,
+  EntropyMCMC also against cyclical SGLD, sharpness-aware SVI and HWA against SVI, F-SWAG
+  against SWAG, the SAM ensemble against the ensemble) with their standard errors and 95%
+  Student t intervals, in the table and in ``paired_differences.png``; ``results.csv`` then
+  has one row per seed and method, the draws are ``draws_<method>_seed<s>.nc`` and the other
+  figures are those of the first seed (:mod:`pyro_flat.compare.seeds`).
 * torch runs on one CPU thread by default (``--threads``): the small networks gain nothing
   from more, and lose a lot when the machine is busy. Instead, ``--jobs`` methods run at a
   time, each in its own worker process (default: one per core, up to 2; on the CPU only).
   Every method seeds itself, so the numbers do not depend on ``--jobs``; the wall times of
   methods that ran side by side include their contention for memory bandwidth.
 
-Quick mode, measured with ``time pyro-flat compare`` (MNIST-1D, seed 0, all 14 methods and
-the reference, 2 jobs) on a shared 2-core machine: 1 min 30 s wall, 149 s of CPU (user + sys,
-every process), load average 2.2 from other work at the start (at a load average of 8 the same
-run took 10 min 17 s). The per-method CPU times: L2E 26 s, the three SVI methods 17 to 19 s
-each, the other kernels 4.5 to 5.5 s, the SGD-based methods 3 to 4 s (127 s in all).
+Quick mode (all methods, 2 jobs) takes about a minute and a half of wall time on 2 CPU cores;
+L2E and the three SVI methods take the most CPU time (``benchmarks/README.md``, "Notes on
+design choices").
 
 Exit status: 0 on success; 1 if a method failed (its row says why, the others are written)
 or the results could not be written; 2 on a usage error (one line on stderr, nothing written).
@@ -292,6 +296,12 @@ def _build_parser() -> _Parser:
         help="seed of the data split and of every method (default: %(default)s)",
     )
     compare_parser.add_argument(
+        "--seeds", default=1, type=_positive_int, metavar="K",
+        help=("run everything for the seeds SEED, ..., SEED + K - 1 and report means ± "
+              "standard errors and the paired differences of each flat-seeking method against "
+              "its baseline (default: %(default)s)"),
+    )
+    compare_parser.add_argument(
         "--device", default="cpu", help="torch device, e.g. cpu or cuda (default: %(default)s)"
     )
     compare_parser.add_argument(
@@ -354,7 +364,11 @@ def compare_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         progress=args.progress,
         jobs=args.jobs,
         download=args.download,
+        seeds=args.seeds,
     )
+    if args.seed + args.seeds - 1 >= 2**32:
+        parser.error(f"argument --seeds: the last seed {args.seed + args.seeds - 1} must be "
+                     "below 2**32 (lower --seed or --seeds)")
     if args.model == "cnn" and args.dataset not in ("mnist1d", "digits"):
         parser.error(f"argument --model: 'cnn' reads 1-D signals (mnist1d, digits), not the "
                      f"images of {args.dataset}")

@@ -252,6 +252,8 @@ def planned_swag(monkeypatch):
         (["--device", "meta"], "unsupported device type 'meta'"),
         (["--threads", "0"], "argument --threads"),
         (["--jobs", "0"], "argument --jobs"),
+        (["--seeds", "0"], "argument --seeds"),
+        (["--seed", "4294967295", "--seeds", "2"], "the last seed 4294967296 must be below"),
         (["--progress", "--no-progress"], "not allowed with argument"),
         (["--bogus"], "unrecognized arguments: --bogus"),
     ],
@@ -534,3 +536,43 @@ def test_a_later_run_removes_temporary_folders_of_killed_runs(tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_seeds_report_means_and_paired_differences(tmp_path):
+    """--seeds 3: one row per seed and method, the seed-s rows equal a run with --seed s, the
+    summary and the paired differences computed from those rows, their figure and draws."""
+    out = tmp_path / "three"
+    args = ["compare", "--dataset", "digits", "--budget", "40", "--methods", "sgld,sasgld",
+            "--jobs", "1"]
+    code, stdout, stderr = run([*args, "--seeds", "3", "--out", str(out)])
+    assert code == 0, stderr
+    assert "mean ± standard error over 3 seeds" in stdout and "sasgld - sgld" in stdout
+    with open(out / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["seed"], r["method"]) for r in rows] == [
+        (str(s), m) for s in range(3) for m in ("sgld", "sasgld", "sgd")]
+    code, _, stderr = run([*args, "--seed", "1", "--out", str(tmp_path / "one")])
+    assert code == 0, stderr
+    with open(tmp_path / "one" / "results.csv", newline="") as f:
+        single = list(csv.DictReader(f))
+    for a, b in zip([r for r in rows if r["seed"] == "1"], single, strict=True):
+        for metric in ("accuracy", "nll", "ece", "brier", "ood_auroc", "sharpness"):
+            assert float(a[metric]) == float(b[metric]), (a["method"], metric)
+    result = json.loads((out / "results.json").read_text())
+    assert result["seeds"] == [0, 1, 2]
+    nll = {m: np.array([float(r["nll"]) for r in rows if r["method"] == m])
+           for m in ("sgld", "sasgld")}
+    summary = {r["method"]: r for r in result["summary"]}
+    assert summary["sgld"]["nll"] == pytest.approx(nll["sgld"].mean(), rel=1e-12)
+    assert summary["sgld"]["nll_se"] == pytest.approx(nll["sgld"].std(ddof=1) / 3**0.5,
+                                                      rel=1e-9)
+    (pair,) = result["paired_differences"]
+    d = nll["sasgld"] - nll["sgld"]
+    assert (pair["method"], pair["baseline"], pair["seeds"]) == ("sasgld", "sgld", 3)
+    assert pair["nll"] == pytest.approx(d.mean(), rel=1e-9, abs=1e-12)
+    assert pair["nll_se"] == pytest.approx(d.std(ddof=1) / 3**0.5, rel=1e-9, abs=1e-12)
+    assert (out / "paired_differences.png").is_file()
+    for s_ in range(3):
+        for m in ("sgld", "sasgld", "sgd"):
+            assert (out / f"draws_{m}_seed{s_}.nc").is_file()
+    assert "paired_differences.png" in result["figures"] and result["figures_seed"] == 0

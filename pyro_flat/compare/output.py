@@ -25,7 +25,7 @@ COLUMNS = ("method", *METRICS, "grad_evals", "draws", "wall_time_s", "cpu_time_s
 #: Files ``compare`` writes (besides the draws); an output folder holding only these (and draws)
 #: may be replaced.
 RESULT_FILES = ("results.csv", "results.json", "results.md", "reliability.png",
-                "uncertainty.png", "loss_slices.png")
+                "uncertainty.png", "loss_slices.png", "paired_differences.png")
 DRAWS_PATTERN = "draws_{}.nc"
 
 
@@ -177,17 +177,36 @@ def _json_safe(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def write_results(folder: Path, rows: list[dict], meta: dict, draws: dict[str, Any]) -> None:
-    """``results.csv``, ``results.json``, ``results.md`` and the draws' netCDF files."""
+def _json_safe_tree(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _json_safe_tree(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe_tree(v) for v in value]
+    return _json_safe(value)
+
+
+def write_results(folder: Path, rows: list[dict], meta: dict, draws: dict[str, Any], *,
+                  markdown: str | None = None, by_seed: bool = False) -> None:
+    """``results.csv``, ``results.json``, ``results.md`` and the draws' netCDF files.
+
+    ``by_seed``: the rows carry a ``seed`` column (``compare --seeds``); ``markdown``: the text
+    of ``results.md`` (default: the table of the rows).
+    """
+    columns = ("seed", *COLUMNS) if by_seed else COLUMNS
     with open(folder / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: row[k] for k in COLUMNS})
+            writer.writerow({k: row[k] for k in columns})
     with open(folder / "results.json", "w") as f:
-        results = [{k: _json_safe(row[k]) for k in COLUMNS} for row in rows]
-        json.dump({**meta, "results": results}, f, indent=2, allow_nan=False)
+        results = [{k: _json_safe(row[k]) for k in columns} for row in rows]
+        json.dump(_json_safe_tree({**meta, "results": results}), f, indent=2, allow_nan=False)
         f.write("\n")
-    (folder / "results.md").write_text(format_table(rows) + "\n")
-    for method, idata in draws.items():
-        idata.to_netcdf(str(folder / DRAWS_PATTERN.format(method)), engine="h5netcdf")
+    (folder / "results.md").write_text((markdown or format_table(rows)) + "\n")
+    write_draws(folder, draws)
+
+
+def write_draws(folder: Path, draws: dict[str, Any]) -> None:
+    """Each ArviZ data set of ``draws`` as ``draws_<name>.nc``."""
+    for name, idata in draws.items():
+        idata.to_netcdf(str(folder / DRAWS_PATTERN.format(name)), engine="h5netcdf")

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from pyro_flat.compare import figures, output, registry
+from pyro_flat.compare import figures, output, registry, seeds
 from pyro_flat.compare.common import Context
 from pyro_flat.compare.config import Plan, Settings
 from pyro_flat.compare.evaluation import METRICS, Evaluation, evaluate
@@ -35,6 +35,7 @@ class Options:
     progress: bool | None = None  # None: bars when stderr is a terminal
     jobs: int = 1  # methods run at a time, each in a worker process (CPU only)
     download: bool = False  # let torchvision fetch missing files (mnist, fashion_mnist, cifar10)
+    seeds: int = 1  # seeds seed, seed + 1, ..., each running every method
 
 
 def _say(message: str, end: str = "\n") -> None:
@@ -183,27 +184,41 @@ def _run_in_parallel(todo: list[str], ctx: Context, jobs: int, threads: int,
     return outcomes
 
 
-def compare(opts: Options, settings: Settings, plan: Plan) -> int:
-    """Run every method of ``opts`` and the reference; print the table; write the folder."""
-    from pyro_flat import __version__
+@dataclass
+class SeedRun:
+    """Every method of one seed: the table's rows and what the output files need."""
+
+    seed: int
+    data: Any
+    arch: str
+    jobs: int
+    rows: list[dict]
+    draws: dict[str, Any]
+    evaluations: dict[str, Evaluation]
+    notes: dict[str, dict]
+
+
+def run_seed(opts: Options, settings: Settings, plan: Plan, seed: int) -> SeedRun | None:
+    """Run every method of ``opts`` and the reference with ``seed``; ``None`` (after saying
+    why) when the data set cannot be loaded."""
     from pyro_flat.datasets import load_dataset
 
     try:
-        data = load_dataset(opts.dataset, seed=opts.seed, download=opts.download)
+        data = load_dataset(opts.dataset, seed=seed, download=opts.download)
     except (OSError, ImportError) as err:  # e.g. torchvision files missing: nothing written
         message = " ".join(str(err).split())
         _say(f"pyro-flat: error: cannot load the data set {opts.dataset!r}: {message}")
-        return 1
+        return None
     data = data.to(opts.device)
     arch = describe(opts.model, data.input_shape, data.num_classes, settings)
     jobs = opts.jobs if opts.device.type == "cpu" else 1
     _say(
         f"pyro-flat compare: {data.name} ({data.num_train} train, {data.num_test} test, "
         f"{data.x_ood.shape[0]} OOD), {arch}, {plan.steps} gradient evaluations per method, "
-        f"{plan.num_draws} kept draws, seed {opts.seed}"
+        f"{plan.num_draws} kept draws, seed {seed}"
         + (f", {jobs} methods at a time" if jobs > 1 else "")
     )
-    ctx = Context(data, settings, plan, opts.seed, opts.model, opts.progress)
+    ctx = Context(data, settings, plan, seed, opts.model, opts.progress)
     todo = [*opts.methods, registry.BASELINE]
     if jobs > 1 and len(todo) > 1:
         outcomes = _run_in_parallel(todo, ctx, jobs, opts.threads, opts.progress)
@@ -218,7 +233,23 @@ def compare(opts: Options, settings: Settings, plan: Plan) -> int:
             evaluations[name], draws[name] = ev, idata
         if note:
             notes[name] = note
+    return SeedRun(seed, data, arch, jobs, rows, draws, evaluations, notes)
 
+
+def compare(opts: Options, settings: Settings, plan: Plan) -> int:
+    """Run every method of ``opts`` and the reference for each seed; print the table (with
+    several seeds: means ± standard errors and the paired differences); write the folder."""
+    from pyro_flat import __version__
+
+    runs: list[SeedRun] = []
+    for seed in range(opts.seed, opts.seed + opts.seeds):
+        run = run_seed(opts, settings, plan, seed)
+        if run is None:
+            return 1
+        runs.append(run)
+    first = runs[0]
+    data = first.data
+    several = len(runs) > 1
     meta = {
         "pyro_flat_version": __version__,
         "torch_version": torch.__version__,
@@ -229,17 +260,17 @@ def compare(opts: Options, settings: Settings, plan: Plan) -> int:
         "num_ood": int(data.x_ood.shape[0]),
         "ood": data.ood_description,
         "model": opts.model,
-        "architecture": arch,
+        "architecture": first.arch,
         "budget": opts.budget,
         "seed": opts.seed,
         "device": str(opts.device),
         "threads": opts.threads,
-        "jobs": jobs,
+        "jobs": first.jobs,
         "settings": asdict(settings),
         "plan": asdict(plan),
-        "method_notes": notes,
-        "draw_files": {m: output.DRAWS_PATTERN.format(m) for m in draws},
-        "figures": list(figures.FIGURES) if evaluations else [],
+        "method_notes": first.notes,
+        "draw_files": {m: output.DRAWS_PATTERN.format(m) for m in first.draws},
+        "figures": list(figures.FIGURES) if first.evaluations else [],
         "metrics": (
             "test-set accuracy, NLL (mean -log p(y|x), p clamped at 1e-12), ECE (15 equal-width "
             "bins), Brier (sum over classes), OOD AUROC (predictive entropy, test vs OOD), "
@@ -247,11 +278,48 @@ def compare(opts: Options, settings: Settings, plan: Plan) -> int:
             "loss on the first 1000 training points)"
         ),
     }
-    print(output.format_table(rows), flush=True)
+    rows = first.rows
+    if several:
+        by_seed = {run.seed: run.rows for run in runs}
+        summary = seeds.summarise(by_seed)
+        pairs = seeds.paired_differences(by_seed)
+        rows = [{"seed": run.seed, **row} for run in runs for row in run.rows]
+        meta.update({
+            "seeds": list(by_seed),
+            "method_notes": {run.seed: run.notes for run in runs},
+            "draw_files": {f"{m}_seed{run.seed}": output.DRAWS_PATTERN.format(
+                f"{m}_seed{run.seed}") for run in runs for m in run.draws},
+            "figures_seed": first.seed,
+            "summary": summary,
+            "paired_differences": pairs,
+            "protocol": ("every method once per seed (data split or generation, "
+                         "initialisation, minibatches, noise); mean ± standard error over the "
+                         "seeds where it succeeded; paired differences method - baseline over "
+                         "the seeds where both succeeded, with a 95% Student t interval "
+                         "(* when it excludes zero); the per-method figures are of the first "
+                         "seed"),
+        })
+        if pairs:
+            meta["figures"] = [*meta["figures"], seeds.FIGURE]
+        text = (f"mean ± standard error over {len(runs)} seeds\n\n"
+                + seeds.format_summary(summary))
+        if pairs:
+            text += ("\n\npaired differences, method - baseline (mean ± standard error; * the "
+                     "95% t interval excludes 0)\n\n" + seeds.format_paired(pairs))
+    else:
+        text = output.format_table(rows)
+    print(text, flush=True)
 
     def write(folder: Path) -> None:
-        output.write_results(folder, rows, meta, draws)
-        figures.write_figures(folder, evaluations, data.y_test.cpu())
+        if several:
+            output.write_results(folder, rows, meta, {}, markdown=text, by_seed=True)
+            for run in runs:
+                output.write_draws(folder, {f"{m}_seed{run.seed}": d
+                                            for m, d in run.draws.items()})
+            seeds.write_figure(folder, pairs)
+        else:
+            output.write_results(folder, rows, meta, first.draws)
+        figures.write_figures(folder, first.evaluations, data.y_test.cpu())
 
     try:
         output.write_atomically(opts.out, write)
@@ -261,10 +329,8 @@ def compare(opts: Options, settings: Settings, plan: Plan) -> int:
         return 1
     written = ["results.json", "results.md", *meta["figures"], *meta["draw_files"].values()]
     print(f"\nwrote {opts.out / 'results.csv'}, {', '.join(written)}")
-    failed = [r["method"] for r in rows if r["status"] != "ok"]
+    failed = sorted({r["method"] for r in rows if r["status"] != "ok"})
     if failed:
         _say(f"pyro-flat: error: failed: {', '.join(failed)} (see results.json)")
         return 1
     return 0
-
-
