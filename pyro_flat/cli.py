@@ -1,17 +1,17 @@
 """The ``pyro-flat`` command: compare the inference methods on a built-in data set.
 
-``pyro-flat compare`` trains one Bayesian network with each requested method at an equal budget
-of gradient evaluations, plus a plain SGD/MAP network of the same architecture for reference,
-and reports test accuracy, NLL, ECE, Brier score and OOD AUROC of the Bayesian model average,
-the mean sharpness of the draws, the gradient evaluations and the wall time; it prints one
-table and writes ``results.csv``, ``results.json`` and ``results.md``, the figures
+``pyro-flat compare`` trains one Bayesian network with each requested method at an equal budget of
+SG steps (or of gradient evaluations, ``--equal grads``), plus a plain SGD/MAP network of the same
+architecture for reference, and reports test accuracy, NLL, ECE, Brier score and OOD AUROC of the
+Bayesian model average, the mean sharpness of the draws, the gradient evaluations and the wall time;
+it prints one table and writes ``results.csv``, ``results.json`` and ``results.md``, the figures
 ``reliability.png``, ``uncertainty.png`` and ``loss_slices.png``, and the draws of each method
-(``draws_<method>.nc``, ArviZ netCDF through :func:`pyro_flat.to_arviz`: the MCMC runs with
-their per-draw statistics; the guide, SWAG and ensemble draws and the SGD point as one chain)
-into the output folder. The pieces live in :mod:`pyro_flat.compare`: settings and budget plan
-(``config``), networks and likelihood (``models``), one runner file per family of methods
-(``mcmc``, ``svi``, ``swag``, ``ensemble``, ``sgd``), the shared evaluation, figures and
-output folder; this module is the command line.
+(``draws_<method>.nc``, ArviZ netCDF through :func:`pyro_flat.to_arviz`: the MCMC runs with their
+per-draw statistics; the guide, SWAG and ensemble draws and the SGD point as one chain) into the
+output folder. The pieces live in :mod:`pyro_flat.compare`: settings and budget plan (``config``),
+networks and likelihood (``models``), one runner file per family of methods (``mcmc``, ``svi``,
+``swag``, ``ensemble``, ``sgd``), the shared evaluation, figures and output folder; this module is
+the command line.
 
 Setup (the same for every method; see :class:`pyro_flat.compare.config.Settings`):
 
@@ -50,17 +50,19 @@ Setup (the same for every method; see :class:`pyro_flat.compare.config.Settings`
   HWA runs that SVI for half the budget, then cycles the learning rate from 1e-3 down to 1e-4,
   averaging once per cycle; sharpness-aware SVI uses ``SharpnessAwareELBO`` (``rho = 0.05``).
   Their model average is over draws of the (averaged) guide.
-* Budget: every method spends the same number of gradient evaluations: an SG-MCMC, SGD or
-  one-particle SVI step costs one, a sharpness-aware step (SASGLD, SAM, SharpnessAwareELBO)
-  two, so those take half the steps. The first quarter is warmup (discarded); the rest yields
-  the kept draws, evenly spaced for the SGLD-like kernels (thinning) and at the end of each
-  cosine cycle for cyclical SGLD (4 cycles in the quick budget, of which the first is warmup);
-  SWAG and the guides give as many draws. Predictions are the Bayesian model average over the
-  draws. The ``grad evals`` column is the minibatch gradients each method took (the kernels'
-  one extra evaluation at the end, which fills in the last draw's ``lp`` statistic, is not
-  counted). ``wall time`` covers building, sampling (or training), predicting and measuring the
-  sharpness and the loss slice; ``cpu_time_s`` in the CSV and JSON files is the CPU time of
-  the same work (all threads of the process), a better measure on a shared machine.
+* Budget: every method takes the same number of SG steps (``--equal steps``, the default: equal
+  epochs, as the papers compare), or spends the same number of gradient evaluations (``--equal
+  grads``): an SG-MCMC, SGD or one-particle SVI step costs one, a sharpness-aware step (SASGLD, SAM,
+  SharpnessAwareELBO) two, so at equal gradient evaluations those take half the steps. An ensemble
+  splits the steps among its members either way. The first quarter is warmup (discarded); the rest
+  yields the kept draws, evenly spaced for the SGLD-like kernels (thinning) and at the end of each
+  cosine cycle for cyclical SGLD (4 cycles in the quick budget, of which the first is warmup); SWAG
+  and the guides give as many draws. Predictions are the Bayesian model average over the draws. The
+  ``grad evals`` column is the minibatch gradients each method took (the kernels' one extra
+  evaluation at the end, which fills in the last draw's ``lp`` statistic, is not counted). ``wall
+  time`` covers building, sampling (or training), predicting and measuring the sharpness and the
+  loss slice; ``cpu_time_s`` in the CSV and JSON files is the CPU time of the same work (all threads
+  of the process), a better measure on a shared machine.
 * Sharpness: the mean over the draws of ``L(theta + rho g/|g|) - L(theta)`` (mean loss on the
   first 1,000 training points, ``rho = 0.05``; :func:`pyro_flat.flatness.sharpness`).
 * Seeds: ``--seed s`` sets the data split (or generation) and every method's randomness;
@@ -93,6 +95,7 @@ killed outright leaves its hidden temporary folder, which the next successful ru
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import textwrap
@@ -245,7 +248,8 @@ def _build_parser() -> _Parser:
         description=textwrap.fill(
             "Train one Bayesian network (prior N(0, "
             f"{s.prior_scale:g}^2/fan_in) on every weight and bias, minibatches of "
-            f"{s.batch_size}) with each method at an equal budget of gradient evaluations, "
+            f"{s.batch_size}) with each method at an equal budget of SG steps (or gradient "
+            "evaluations, --equal grads), "
             "plus a plain SGD/MAP network for reference; print one table of test accuracy, "
             "NLL, ECE, Brier score, OOD AUROC (predictive entropy) of the Bayesian model "
             "average, the mean sharpness of the draws, the gradient evaluations and the wall "
@@ -254,7 +258,9 @@ def _build_parser() -> _Parser:
             "netCDF) into the output folder. Step sizes come from one SGD learning rate "
             f"lr={s.lr:g} on the mean loss (SGLD step_size = lr/N). An SG-MCMC, SGD or "
             "one-particle SVI step costs one gradient evaluation, a sharpness-aware step two; "
-            "an ensemble splits the budget among its members. Full description: the "
+            "an ensemble splits the budget among its members. With --seeds K: means ± "
+            "standard errors over K seeds and paired differences of each flat-seeking method "
+            "against its baseline. Full description: the "
             "docstring of pyro_flat.cli.", 100, break_on_hyphens=False) + "\n\n"
         + _method_list(),
     )
@@ -282,7 +288,8 @@ def _build_parser() -> _Parser:
     compare_parser.add_argument(
         "--budget", default="quick", type=_budget, metavar="BUDGET",
         help=(
-            f"gradient evaluations per method, the first quarter warmup: 'quick' = "
+            f"SG steps (or gradient evaluations, --equal) per method, the first quarter "
+            f"warmup: 'quick' = "
             f"{quick.steps} ({quick.num_draws} kept draws, ensembles of "
             f"{quick.ensemble_size}; about 2.5 minutes of CPU in all, 1.5 minutes of wall "
             f"time with 2 jobs on 2 cores); 'full' = {full.steps} "
@@ -290,6 +297,12 @@ def _build_parser() -> _Parser:
             f"benchmark); or an integer >= {MIN_STEPS} (the quick layout with that many); "
             "default: %(default)s"
         ),
+    )
+    compare_parser.add_argument(
+        "--equal", default="steps", choices=("steps", "grads"),
+        help=("what the budget counts: SG steps (equal epochs; sharpness-aware methods spend "
+              "two gradients per step) or gradient evaluations (sharpness-aware methods take "
+              "half the steps) (default: %(default)s)"),
     )
     compare_parser.add_argument(
         "--seed", default=0, type=_seed,
@@ -373,6 +386,7 @@ def compare_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         parser.error(f"argument --model: 'cnn' reads 1-D signals (mnist1d, digits), not the "
                      f"images of {args.dataset}")
     budget = BUDGETS[args.budget] if isinstance(args.budget, str) else Budget(steps=args.budget)
+    budget = dataclasses.replace(budget, unit=args.equal)
     settings = Settings()
     plan = make_plan(budget, settings.exploration_fraction)
     threads = torch.get_num_threads()

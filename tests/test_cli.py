@@ -28,6 +28,9 @@ BUDGET = 160  # 4 cycles of 40 steps: every method's rounding is exact at this b
 #: Kept draws at BUDGET: 12 (4 warmup), twice that for EntropyMCMC (theta and guide), one
 #: network per ensemble member, one for SGD.
 DRAWS = {"entropy": 24, "ensemble": 4, "ensemble-sam": 4, "sgd": 1}
+#: Gradient evaluations per SG step: at equal SG steps (the default) these methods spend twice
+#: the budget in gradients, at equal gradient evaluations (--equal grads) half the steps.
+GRADS_PER_STEP = {"sasgld": 2, "sa-elbo": 2, "fswag": 2, "ensemble-sam": 2}
 SITES = {"net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias", "net.4.weight", "net.4.bias"}
 
 
@@ -80,10 +83,10 @@ def test_compare_prints_one_table(digits_run, methods):
         # 10 classes: chance is 0.1; every method has learnt something at 160 gradients
         assert 0.3 < acc <= 1 and nll > 0 and 0 <= ece <= 1 and 0 <= brier <= 2, r
         assert 0 <= auroc <= 1 and math.isfinite(sharp)
-        # an equal budget of gradient evaluations: exact at this budget for every method
-        # (SASGLD, F-SWAG, SA-ELBO: half the steps at two gradients; ensembles: 4 x 40 steps,
-        # 4 x 20 with SAM; HWA: 88 SVI steps and 12 cycles of 6)
-        assert int(r[7]) == BUDGET, r
+        # an equal budget of SG steps: exact at this budget for every method (SASGLD, F-SWAG,
+        # SA-ELBO, the SAM ensemble: two gradients per step; ensembles: 4 x 40 steps; HWA: 88
+        # SVI steps and 12 cycles of 6)
+        assert int(r[7]) == BUDGET * GRADS_PER_STEP.get(r[0], 1), r
         assert int(r[8]) == DRAWS.get(r[0], 12), r
     # one short progress line per method on stderr, no progress bar (not a terminal)
     assert sum(line.startswith("[") for line in stderr.splitlines()) == len(methods)
@@ -113,7 +116,8 @@ def test_compare_writes_csv_json_and_markdown(digits_run, methods):
         assert set(row_json) == set(cli.COLUMNS)
         assert float(row_csv["accuracy"]) == pytest.approx(row_json["accuracy"])
         assert float(row_table[1]) == pytest.approx(row_json["accuracy"], abs=5e-5)
-        assert int(row_csv["grad_evals"]) == row_json["grad_evals"] == BUDGET
+        assert int(row_csv["grad_evals"]) == row_json["grad_evals"] == BUDGET * (
+            GRADS_PER_STEP.get(row_csv["method"], 1))
 
 
 def test_compare_writes_draws_as_netcdf(digits_run, methods):
@@ -576,3 +580,19 @@ def test_seeds_report_means_and_paired_differences(tmp_path):
         for m in ("sgld", "sasgld", "sgd"):
             assert (out / f"draws_{m}_seed{s_}.nc").is_file()
     assert "paired_differences.png" in result["figures"] and result["figures_seed"] == 0
+
+
+def test_equal_gradient_evaluations_halve_the_sharpness_aware_steps(tmp_path):
+    """--equal grads: every method spends the budget in gradients, so the two-gradient
+    methods take half the SG steps (and keep as many draws)."""
+    methods = ["sgld", "sasgld", "sa-elbo", "fswag", "ensemble-sam"]
+    code, stdout, stderr = run(["compare", "--dataset", "digits", "--budget", str(BUDGET),
+                                "--methods", ",".join(methods), "--equal", "grads",
+                                "--jobs", "1", "--out", str(tmp_path / "g")])
+    assert code == 0, stderr
+    assert f"{BUDGET} gradient evaluations per method" in stderr
+    for r in table_rows(stdout)[1]:
+        assert int(r[7]) == BUDGET, r
+        assert int(r[8]) == DRAWS.get(r[0], 12), r
+    result = json.loads((tmp_path / "g" / "results.json").read_text())
+    assert result["plan"]["unit"] == "grads"

@@ -143,6 +143,7 @@ class Method:
     requires: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     cost: float = 1.0  # rough time per gradient evaluation, relative to SGLD (scheduling)
+    grads_per_step: int = 1  # gradient evaluations per SG step (2 for sharpness-aware steps)
 
     def available(self) -> bool:
         import pyro_flat.infer

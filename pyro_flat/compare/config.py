@@ -1,8 +1,10 @@
 """The settings every method of ``pyro-flat compare`` shares, and how a budget is spent.
 
-A budget is a number of *gradient evaluations* per method: one SG-MCMC step, one SGD step and
-one SVI step with one particle each cost one; a SAM or sharpness-aware step costs two (so such
-methods take half the steps); an ensemble splits the budget among its members.
+A budget is a number of SG steps per method (``unit="steps"``, the default: equal epochs, as
+the papers compare), or of *gradient evaluations* (``unit="grads"``): one SG-MCMC step, one SGD
+step and one SVI step with one particle each cost one; a SAM or sharpness-aware step costs two,
+so at equal gradient evaluations such methods take half the steps. An ensemble splits the
+budget among its members either way.
 """
 
 from __future__ import annotations
@@ -23,23 +25,25 @@ ENTROPY_STEP_OVER_ETA = 0.025
 class Budget:
     """Gradient evaluations per method and the shape of the run.
 
-    ``steps`` gradient evaluations; SGLD-like kernels take ``num_cycles * draws_per_cycle``
+    ``steps`` SG steps (``unit="steps"``) or gradient evaluations (``unit="grads"``);
+    SGLD-like kernels take ``num_cycles * draws_per_cycle``
     evenly spaced draws, of which the first ``warmup_cycles * draws_per_cycle`` are warmup;
     cyclical SGLD runs ``num_cycles`` cosine cycles, the first ``warmup_cycles`` of them
     discarded; deep ensembles train ``ensemble_size`` members.
     """
 
     steps: int
+    unit: str = "steps"
     num_cycles: int = 4
     warmup_cycles: int = 1
     draws_per_cycle: int = 4
     ensemble_size: int = 4
 
 
+#: The named budgets of ``--budget``.
 BUDGETS = {
     "quick": Budget(steps=4_000),
-    # the committed benchmark (benchmarks/compare_full.py): about 10 minutes of CPU, 5.5
-    # minutes of wall time with 2 jobs
+    # the budget of the committed benchmark (benchmarks/compare_full.py)
     "full": Budget(steps=20_000, num_cycles=8, warmup_cycles=2, draws_per_cycle=4,
                    ensemble_size=5),
 }
@@ -78,15 +82,22 @@ class Plan:
     cycle_length: int
     draws_per_cycle: int
     ensemble_size: int = 4
+    unit: str = "steps"
 
     @property
     def steps(self) -> int:
-        """Gradient evaluations of a method with one gradient per step."""
+        """SG steps (and gradient evaluations) of a method with one gradient per step."""
         return self.thin * (self.num_draws + self.warmup_draws)
+
+    def divisor(self, grads_per_step: int) -> int:
+        """What a method with ``grads_per_step`` gradients per step divides its steps by: 1 at
+        equal SG steps, ``grads_per_step`` at equal gradient evaluations."""
+        return grads_per_step if self.unit == "grads" else 1
 
 
 def make_plan(budget: Budget, exploration_fraction: float) -> Plan:
-    """Spend ``budget.steps`` gradient evaluations alike in every method (up to rounding down).
+    """Spend ``budget.steps`` SG steps or gradient evaluations alike in every method (up to
+    rounding down).
 
     Cycles of ``L`` steps, ``L`` a multiple of the draws per cycle, so that SGLD and SGHMC,
     thinned by ``L / draws_per_cycle``, take exactly the steps of cyclical SGLD. Short budgets
@@ -107,6 +118,8 @@ def make_plan(budget: Budget, exploration_fraction: float) -> Plan:
         per_cycle -= 1
         if per_cycle == 0:
             raise ValueError(f"budget must be at least {MIN_STEPS} SG steps, got {budget.steps}")
+    if budget.unit not in ("steps", "grads"):
+        raise ValueError(f"budget unit must be 'steps' or 'grads', got {budget.unit!r}")
     return Plan(
         num_draws=(budget.num_cycles - budget.warmup_cycles) * per_cycle,
         warmup_draws=budget.warmup_cycles * per_cycle,
@@ -116,4 +129,5 @@ def make_plan(budget: Budget, exploration_fraction: float) -> Plan:
         cycle_length=cycle_length,
         draws_per_cycle=per_cycle,
         ensemble_size=budget.ensemble_size,
+        unit=budget.unit,
     )

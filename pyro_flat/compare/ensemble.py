@@ -2,7 +2,8 @@
 
 ``ensemble_size`` networks, each trained from its own random initialisation and minibatch order
 like the SGD reference (:func:`pyro_flat.compare.sgd.train_map`); the budget is split among
-them: ``budget // ensemble_size`` steps each, half that with SAM (two gradients per step). The
+them: ``budget // ensemble_size`` steps each (with SAM, two gradients per step, half that at
+equal gradient evaluations). The
 members are the draws of the model average.
 """
 
@@ -17,7 +18,7 @@ def run_ensemble(method: str, ctx: Context) -> Fit:
 
     sam = method == "ensemble-sam"
     members = ctx.plan.ensemble_size
-    steps = max(ctx.plan.steps // (members * (2 if sam else 1)), 1)
+    steps = max(ctx.plan.steps // (members * ctx.plan.divisor(2 if sam else 1)), 1)
     pyro.set_rng_seed(ctx.seed)
     bar = ctx.progress(members * steps * (2 if sam else 1), method)
     draws, net = [], None
@@ -38,5 +39,5 @@ METHODS = [
            aliases=("ensembles", "deep-ensemble")),
     Method("ensemble-sam", "F-deep-ensemble: the same members trained with SAM (rho 0.05, two "
            "gradients per step) (Nguyen et al. 2023)", run_ensemble, requires=("SAM",),
-           aliases=("f-ensemble", "ensembles-sam")),
+           aliases=("f-ensemble", "ensembles-sam"), grads_per_step=2),
 ]

@@ -63,17 +63,17 @@ def _entropy(model: BNN, ctx: Context) -> Built:
 def _sasgld(model: BNN, ctx: Context) -> Built:
     from pyro_flat.infer import SASGLD
 
-    s, p = ctx.settings, ctx.plan  # two gradients per step: half the steps of SGLD
+    s, p = ctx.settings, ctx.plan  # two gradients per step: half SGLD's steps at equal grads
     kernel = SASGLD(model, step_size=s.lr / ctx.num_train, rho=RHO, temperature=s.temperature,
-                    num_steps_per_sample=max(p.thin // 2, 1))
+                    num_steps_per_sample=max(p.thin // p.divisor(2), 1))
     return kernel, p.num_draws, p.warmup_draws, 2
 
 
 #: ContourSGLD's energy partition: bins placed from the warmup energies (``auto_bins``), and
 #: the paper's flattening. At the energy scale of these BNNs (bins about 100 nats wide) the
-#: multiplier stays near 1, so the chain is close to SGLD; measured on MNIST-1D with 2,000
-#: steps, zeta = 20 (BlackJAX's SA gain, multiplier clipped to [-5, 5]) left an effective
-#: sample size of 1.2 of 12 in the importance weights and lost accuracy (0.51 against 0.64).
+#: multiplier stays near 1, so the chain is close to SGLD; a strong flattening (``zeta = 20``
+#: with BlackJAX's gain) leaves few effective draws in the importance weights and loses
+#: accuracy (``benchmarks/README.md``, "Notes on design choices").
 CONTOUR_BINS = 100
 CONTOUR_ZETA = 0.75
 
@@ -157,7 +157,7 @@ METHODS = [
     Method("entropy", "EntropyMCMC: SGLD coupled to a guiding copy, eta = 40*lr/N; "
            "averages theta and guide draws (Li & Zhang 2024)", run_kernel),
     Method("sasgld", "sharpness-aware SGLD, rho = 0.05, two gradients per step "
-           "(Nguyen et al. 2023)", run_kernel),
+           "(Nguyen et al. 2023)", run_kernel, grads_per_step=2),
     Method("contour", f"ContourSGLD: SGLD on the flattened target, {CONTOUR_BINS} energy "
            f"bins from warmup, zeta = {CONTOUR_ZETA}; reweighted draws (Deng et al. 2020)",
            run_kernel, requires=("ContourSGLD",)),

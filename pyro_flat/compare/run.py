@@ -151,7 +151,9 @@ def _run_in_parallel(todo: list[str], ctx: Context, jobs: int, threads: int,
     if show:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(todo) * ctx.plan.steps, desc=f"{len(todo)} methods", unit="grad",
+        total = sum(ctx.plan.steps * (registry.ALL[n].grads_per_step if ctx.plan.unit == "steps"
+                                      else 1) for n in todo)
+        bar = tqdm(total=total, desc=f"{len(todo)} methods", unit="grad",
                    file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
     say = bar.write if bar is not None else _say
     ctx = replace(ctx, show_progress=False)
@@ -214,7 +216,8 @@ def run_seed(opts: Options, settings: Settings, plan: Plan, seed: int) -> SeedRu
     jobs = opts.jobs if opts.device.type == "cpu" else 1
     _say(
         f"pyro-flat compare: {data.name} ({data.num_train} train, {data.num_test} test, "
-        f"{data.x_ood.shape[0]} OOD), {arch}, {plan.steps} gradient evaluations per method, "
+        f"{data.x_ood.shape[0]} OOD), {arch}, {plan.steps} "
+        f"{'SG steps' if plan.unit == 'steps' else 'gradient evaluations'} per method, "
         f"{plan.num_draws} kept draws, seed {seed}"
         + (f", {jobs} methods at a time" if jobs > 1 else "")
     )

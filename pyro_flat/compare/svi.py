@@ -47,7 +47,7 @@ def run_svi(method: str, ctx: Context) -> Fit:
     else:
         loss = LeanELBO()
     svi = SVI(model, guide, MultiTensorAdam({"lr": s.svi_lr}), loss)
-    steps = p.steps // per
+    steps = p.steps // p.divisor(per)
     stepper, sample_guide, notes = svi, guide, {}
     if method == "hwa":
         from pyro_flat.infer import HWA
@@ -85,5 +85,5 @@ METHODS = [
     Method("sa-elbo", "sharpness-aware SVI: SharpnessAwareELBO (rho 0.05, two gradients per "
            "step) with the same guide and optimiser (Nguyen et al. 2023)", run_svi,
            requires=("SharpnessAwareELBO",), aliases=("sharpness-elbo", "fsgvb", "f-sgvb"),
-           cost=5.0),
+           cost=5.0, grads_per_step=2),
 ]

@@ -5,7 +5,8 @@ The SGD reference's run (:func:`pyro_flat.compare.sgd.train_map`) with
 the warmup quarter, as the SGLD kernels keep their draws (the plan's ``num_draws`` snapshots,
 rank ``min(swag_max_rank, snapshots)``); the model average is over ``num_draws`` SWAG draws at
 covariance scale ``swag_scale`` (0.5, the authors' choice). F-SWAG takes SAM steps (``rho =
-0.05``), two gradients each: half the steps, collected at half the interval.
+0.05``), two gradients each: at equal gradient evaluations half the steps, collected at half
+the interval.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def run_swag(method: str, ctx: Context) -> Fit:
     sam = method == "fswag"
     p, s = ctx.plan, ctx.settings
     per = 2 if sam else 1
-    thin = max(p.thin // per, 1)
+    thin = max(p.thin // p.divisor(per), 1)
     steps = thin * (p.warmup_draws + p.num_draws)
     pyro.set_rng_seed(ctx.seed)
     net = ctx.network()
@@ -48,5 +49,6 @@ METHODS = [
     Method("swag", "SWAG: SGD as the reference, one snapshot per draw interval after warmup, "
            "rank <= 20, draws at scale 0.5 (Maddox et al. 2019)", run_swag),
     Method("fswag", "F-SWAG: SWAG along SAM steps (rho 0.05, two gradients per step) "
-           "(Nguyen et al. 2023)", run_swag, requires=("SAM",), aliases=("f-swag",)),
+           "(Nguyen et al. 2023)", run_swag, requires=("SAM",), aliases=("f-swag",),
+           grads_per_step=2),
 ]
