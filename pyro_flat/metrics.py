@@ -29,6 +29,7 @@ from pyro_flat import validation
 __all__ = [
     "NLL_EPSILON",
     "accuracy",
+    "agreement",
     "brier",
     "ece",
     "mutual_information",
@@ -36,6 +37,7 @@ __all__ = [
     "ood_aupr",
     "ood_auroc",
     "predictive_entropy",
+    "total_variation",
 ]
 
 #: Probabilities are clamped at this value before the log in :func:`nll` (and the entropy).
@@ -300,3 +302,87 @@ def ood_aupr(scores_in: torch.Tensor, scores_out: torch.Tensor) -> float:
     from sklearn.metrics import average_precision_score
 
     return float(average_precision_score(*_labelled_scores(scores_in, scores_out)))
+
+
+def _probs_pair(probs: torch.Tensor, reference_probs: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    p = _as_probs(probs)
+    q = _as_probs(reference_probs, "reference_probs")
+    if p.shape != q.shape:
+        raise ValueError(
+            f"reference_probs must have the shape of probs, {tuple(p.shape)} (the same points "
+            f"and classes, in the same order), got {tuple(q.shape)}"
+        )
+    return p, q
+
+
+def agreement(probs: torch.Tensor, reference_probs: torch.Tensor) -> float:
+    r"""Share of points whose most probable class is the reference's: top-1 agreement.
+
+    .. math:: \mathrm{agreement} = \frac1n \sum_i
+        \big[\arg\max_c p_{ic} = \arg\max_c q_{ic}\big]
+
+    with ``argmax`` taking the first class on ties, as NumPy's and the NeurIPS 2021
+    approximate-inference competition's scoring code (Wilson et al. 2022) do. ``q`` is the
+    reference predictive, e.g. the HMC one of :func:`pyro_flat.hmc_reference.hmc_reference`
+    (Izmailov et al. 2021); 1 is perfect agreement. The score compares predictions, not
+    labels: no test labels are needed.
+
+    Parameters
+    ----------
+    probs : torch.Tensor
+        ``(num_data, num_classes)`` probabilities of the method scored.
+    reference_probs : torch.Tensor
+        The reference probabilities of the same points, same shape.
+
+    Examples
+    --------
+    >>> p = torch.tensor([[0.6, 0.4], [0.3, 0.7], [0.5, 0.5]])
+    >>> q = torch.tensor([[0.9, 0.1], [0.6, 0.4], [0.2, 0.8]])
+    >>> agreement(p, q)  # point 1 agrees; 2 does not; 3 ties, so class 0, which q does not pick
+    0.3333333333333333
+
+    References
+    ----------
+    Izmailov, P., Vikram, S., Hoffman, M. D. & Wilson, A. G. (2021). What are Bayesian neural
+    network posteriors really like? ICML. Wilson, A. G., Izmailov, P., Hoffman, M. D., et al.
+    (2022). Evaluating approximate inference in Bayesian deep learning. NeurIPS 2021
+    Competitions and Demonstrations Track, PMLR 176.
+    """
+    p, q = _probs_pair(probs, reference_probs)
+    return float((p.argmax(-1) == q.argmax(-1)).double().mean())
+
+
+def total_variation(
+    probs: torch.Tensor, reference_probs: torch.Tensor, *, reduction: str = "mean"
+) -> float | torch.Tensor:
+    r"""Total variation distance between predictive and reference class distributions.
+
+    .. math:: \mathrm{TV} = \frac1n \sum_i \tfrac12 \sum_c |p_{ic} - q_{ic}|
+
+    The per-point distance is the largest difference in probability the two distributions
+    give one set of classes, in ``[0, 1]``; the mean over points is the NeurIPS 2021
+    approximate-inference competition's score (Wilson et al. 2022; lower is better), with
+    ``q`` the reference predictive, e.g. HMC's (Izmailov et al. 2021).
+
+    Parameters
+    ----------
+    probs : torch.Tensor
+        ``(num_data, num_classes)`` probabilities of the method scored.
+    reference_probs : torch.Tensor
+        The reference probabilities of the same points, same shape.
+    reduction : {"mean", "none"}
+        The mean over points as a float, or the ``(num_data,)`` float64 tensor.
+
+    Examples
+    --------
+    >>> p = torch.tensor([[0.6, 0.4, 0.0], [0.2, 0.3, 0.5]])
+    >>> q = torch.tensor([[0.6, 0.4, 0.0], [0.5, 0.3, 0.2]])
+    >>> round(total_variation(p, q), 6)  # (0 + (0.3 + 0 + 0.3) / 2) / 2
+    0.15
+    """
+    if reduction not in ("mean", "none"):
+        raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
+    p, q = _probs_pair(probs, reference_probs)
+    tv = 0.5 * (p - q).abs().sum(-1)
+    return float(tv.mean()) if reduction == "mean" else tv

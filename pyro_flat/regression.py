@@ -43,6 +43,7 @@ __all__ = [
     "interval_coverage",
     "predictive_summary",
     "rmse",
+    "wasserstein2",
 ]
 
 
@@ -191,3 +192,95 @@ def calibration_curve(
     lower, upper = bounds[: len(levels)], bounds[len(levels):]
     observed = ((y >= lower) & (y <= upper)).double().mean(1)
     return levels, observed
+
+
+def _quantile_grid(n: int, m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Cells of the common grid of the step quantile functions of ``n`` and ``m`` draws.
+
+    The breakpoints are ``{i/n} ∪ {j/m}``, kept exactly as integers in units of ``1/(n m)``;
+    on the cell ``[a, b)`` the two quantile functions are the ``a // m``-th and ``a // n``-th
+    sorted draws. Returns those indices and the cell widths ``(b - a) / (n m)``.
+    """
+    edges = torch.unique(torch.cat([torch.arange(n + 1) * m, torch.arange(m + 1) * n]))
+    left, width = edges[:-1], edges.diff()
+    return left // m, left // n, width.double() / (n * m)
+
+
+def wasserstein2(
+    draws: torch.Tensor, reference_draws: torch.Tensor, *, reduction: str = "mean"
+) -> float | torch.Tensor:
+    r"""2-Wasserstein distance between predictive and reference draws, per point, averaged.
+
+    For each point :math:`i`, with :math:`F_i^{-1}` and :math:`G_i^{-1}` the quantile
+    functions of the empirical distributions of the ``S`` draws and of the ``R`` reference
+    draws,
+
+    .. math:: W_2(F_i, G_i) = \Big(\int_0^1 \big(F_i^{-1}(u) - G_i^{-1}(u)\big)^2\,du
+        \Big)^{1/2}, \qquad \overline{W}_2 = \frac1n \sum_i W_2(F_i, G_i),
+
+    the exact distance between the two empirical distributions (in one dimension the optimal
+    coupling matches quantiles). :math:`F_i^{-1}(u)` is the :math:`\lceil uS \rceil`-th
+    smallest draw, a step function with steps at :math:`k/S`; the integral is evaluated on
+    the common grid of the steps of both functions, the breakpoints :math:`\{k/S\} \cup
+    \{k/R\}` (at most ``S + R - 1`` cells), on each cell of which both functions are
+    constant, so no interpolation is involved. With ``S = R`` it is
+    :math:`\big(\frac1S \sum_k (x_{(k)} - y_{(k)})^2\big)^{1/2}` over the sorted draws. Cost
+    :math:`O((S + R)\,n)` after sorting.
+
+    The average over points is the mean of :math:`W_2`, not the root of the mean of
+    :math:`W_2^2`, as in the regression score of the NeurIPS 2021 approximate-inference
+    competition (Wilson et al. 2022), which averages a per-point distance over the test
+    points. (That competition's code calls ``scipy.stats.wasserstein_distance``, which is the
+    *1*-Wasserstein distance despite the score's name "W-2"; this function computes
+    :math:`W_2`, which also weighs the tails and is at least :math:`W_1`.)
+
+    Parameters
+    ----------
+    draws : torch.Tensor
+        ``(S, num_data)`` predictive draws of the method scored, ``S >= 2``.
+    reference_draws : torch.Tensor
+        ``(R, num_data)`` reference predictive draws of the same points (e.g. from
+        :func:`pyro_flat.hmc_reference.reference_predictive`), ``R >= 2``; ``R`` may differ
+        from ``S``.
+    reduction : {"mean", "none"}
+        The mean over points as a float, or the ``(num_data,)`` float64 tensor.
+
+    Examples
+    --------
+    >>> x = torch.tensor([[0.0], [1.0], [2.0], [3.0]])
+    >>> wasserstein2(x, x + 1.5)  # a shift by c is at distance |c|
+    1.5
+    >>> # 3 draws against 2: on the cells of the grid {0, 1/3, 1/2, 2/3, 1} the quantile
+    >>> # pairs are (0, 0), (1, 0), (1, 3), (2, 3), of widths 1/3, 1/6, 1/6, 1/3, so
+    >>> # W2^2 = 0/3 + 1/6 + 4/6 + 1/3 = 7/6
+    >>> three, two = torch.tensor([[0.0], [1.0], [2.0]]), torch.tensor([[0.0], [3.0]])
+    >>> round(wasserstein2(three, two) ** 2, 6)
+    1.166667
+
+    References
+    ----------
+    Villani, C. (2009). Optimal transport: old and new, Remark 2.19 (the quantile coupling on
+    the line). Wilson, A. G., Izmailov, P., Hoffman, M. D., et al. (2022). Evaluating
+    approximate inference in Bayesian deep learning. NeurIPS 2021 Competitions and
+    Demonstrations Track, PMLR 176.
+    """
+    if reduction not in ("mean", "none"):
+        raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
+    x = _as_draws(draws)
+    try:
+        y = torch.as_tensor(reference_draws)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"reference_draws must be a tensor, got "
+                         f"{type(reference_draws).__name__}") from None
+    if y.dim() != 2 or y.shape[0] < 2 or y.shape[1] != x.shape[1]:
+        raise ValueError(
+            f"reference_draws must have shape (num_reference_draws >= 2, num_data = "
+            f"{x.shape[1]}), the points of draws, got {tuple(y.shape)}"
+        )
+    if not bool(torch.isfinite(y).all()):
+        raise ValueError("reference_draws hold NaN or inf: drop those draws first")
+    y = y.double()
+    i, j, width = _quantile_grid(x.shape[0], y.shape[0])
+    xs, ys = x.sort(0).values, y.sort(0).values
+    w2 = (width.unsqueeze(1) * (xs[i] - ys[j]) ** 2).sum(0).sqrt()
+    return float(w2.mean()) if reduction == "mean" else w2

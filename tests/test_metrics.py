@@ -306,3 +306,62 @@ def test_mutual_information_by_hand_and_bounds():
         metrics.mutual_information(mean)
     with pytest.raises(ValueError, match="reduction"):
         metrics.mutual_information(draws, reduction="sum")
+
+
+# ------------------------------------------------------------- against a reference predictive
+
+
+def test_agreement_and_total_variation_by_hand():
+    p = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8], [0.4, 0.4, 0.2], [0.0, 1.0, 0.0],
+                      [0.6, 0.1, 0.3]], dtype=torch.float64)
+    q = torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.1, 0.3], [0.3, 0.5, 0.2], [1.0, 0.0, 0.0],
+                      [0.45, 0.1, 0.45]], dtype=torch.float64)
+    # top-1 (ties: the first class): 0|0 agree, 2|0 no, 0|1 no, 1|0 no, 0|0 agree
+    assert metrics.agreement(p, q) == 0.4
+    # per point 1/2 sum |p - q|: (0.2+0.1+0.1)/2, (0.5+0+0.5)/2, (0.1+0.1+0)/2, (1+1+0)/2,
+    # (0.15+0+0.15)/2
+    tv = metrics.total_variation(p, q, reduction="none")
+    assert torch.allclose(tv, torch.tensor([0.2, 0.5, 0.1, 1.0, 0.15], dtype=torch.float64),
+                          atol=1e-12)
+    assert metrics.total_variation(p, q) == pytest.approx(1.95 / 5, abs=1e-12)
+    assert tv.dtype == torch.float64
+
+
+def test_agreement_and_total_variation_follow_the_competition_definitions():
+    """The NeurIPS 2021 BDL competition scores, written out in NumPy from their definition."""
+    p, _ = random_probs(n=300, c=4, seed=5)
+    q, _ = random_probs(n=300, c=4, seed=6)
+    pn, qn = p.numpy(), q.numpy()
+    assert metrics.agreement(p, q) == pytest.approx((pn.argmax(-1) == qn.argmax(-1)).mean())
+    assert metrics.total_variation(p, q) == pytest.approx(np.abs(pn - qn).sum(-1).mean() / 2)
+
+
+def test_total_variation_properties():
+    p, _ = random_probs(n=50, c=3, seed=1)
+    q, _ = random_probs(n=50, c=3, seed=2)
+    tv = metrics.total_variation(p, q, reduction="none")
+    assert torch.allclose(tv, metrics.total_variation(q, p, reduction="none"))  # symmetric
+    assert bool(((tv > 0) & (tv <= 1)).all())
+    assert metrics.total_variation(p, p) == 0.0 and metrics.agreement(p, p) == 1.0
+    # two classes: TV is |p_0 - q_0|; disjoint supports are at distance 1
+    p2 = torch.tensor([[0.9, 0.1], [0.25, 0.75]])
+    q2 = torch.tensor([[0.6, 0.4], [0.5, 0.5]])
+    assert metrics.total_variation(p2, q2) == pytest.approx((0.3 + 0.25) / 2, abs=1e-7)
+    assert metrics.total_variation(torch.eye(2), torch.eye(2).flip(0)) == 1.0
+
+
+@pytest.mark.parametrize("fn", [metrics.agreement, metrics.total_variation])
+def test_reference_metrics_reject_bad_input(fn):
+    p, _ = random_probs(n=10, c=3)
+    with pytest.raises(ValueError, match=r"reference_probs must have the shape of probs"):
+        fn(p, p[:9])
+    with pytest.raises(ValueError, match=r"reference_probs must have the shape of probs"):
+        fn(p, random_probs(n=10, c=4)[0])
+    with pytest.raises(ValueError, match=r"each row of reference_probs must sum to 1"):
+        fn(p, 0.5 * p)
+    with pytest.raises(ValueError, match=r"^probs must hold probabilities"):
+        fn(p - 1, p)
+    with pytest.raises(ValueError, match=r"reference_probs must be a torch.Tensor"):
+        fn(p, p.numpy())
+    with pytest.raises(ValueError, match="reduction"):
+        metrics.total_variation(p, p, reduction="sum")
