@@ -2,7 +2,7 @@
 
 :func:`to_arviz` builds on :func:`arviz.from_dict` only (ArviZ 1.x has no ``from_pyro``), so the
 same code returns an ``InferenceData`` on ArviZ 0.x and a ``DataTree`` on ArviZ 1.x; the one
-version-specific call lives in :func:`_from_dict`. The 1.x branch is tested on Python 3.11 through
+version-specific call lives in ``_from_dict``. The 1.x branch is tested on Python 3.11 through
 ``arviz_base.from_dict``, which is what ArviZ 1.x exports as ``from_dict``.
 """
 
@@ -67,8 +67,9 @@ def to_arviz(
       log-likelihood) gives one value per data point, as does a full-batch plate. Each observed
       site becomes a variable with dims ``(chain, draw, *batch_shape)``; the values are the
       site's ``log_prob`` without the plate's ``N/B`` scale. The full-data forward pass runs
-      once per draw, so memory is one draw's worth; time grows with draws times data (the cost
-      of the default is measured in ``benchmarks/to_arviz_export.py``); pass
+      once per draw, so memory is one draw's worth; time grows with draws times data (about
+      16 s for 2 chains of 100 draws of a 784-100-100-10 MLP on 10,000 points, against 0.2 s
+      without these groups: ``benchmarks/to_arviz_export.py``); pass
       ``log_likelihood=False, posterior_predictive=False, observed_data=False`` to skip it.
       The replicates are drawn from the global random stream, which is restored afterwards:
       exporting does not shift the random numbers of the caller.

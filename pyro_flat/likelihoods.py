@@ -4,14 +4,14 @@ A likelihood turns a network's output on a minibatch into the distribution of ea
 and draws its own latent parameters (e.g. a learned noise scale) once per model run, outside
 the data plate. :class:`pyro_flat.bnn.BNN` uses them; each is a few lines of plain Pyro.
 
-============================  ===================================  ==========================
-likelihood                    network output per data point        latent sites
-============================  ===================================  ==========================
-:class:`Categorical`          ``C`` logits                         none
-:class:`Bernoulli`            one logit (``(B,)`` or ``(B, 1)``)   none
-:class:`HomoskedasticGaussian`  the mean (``(B,)`` or ``(B, 1)``)  ``obs_scale`` if learned
-:class:`HeteroskedasticGaussian`  mean and raw scale, ``(B, 2)``   none
-============================  ===================================  ==========================
+=================================  ===================================  ==========================
+likelihood                         network output per data point        latent sites
+=================================  ===================================  ==========================
+:class:`Categorical`               ``C`` logits                         none
+:class:`Bernoulli`                 one logit (``(B,)`` or ``(B, 1)``)   none
+:class:`HomoskedasticGaussian`     the mean (``(B,)`` or ``(B, 1)``)    ``obs_scale`` if learned
+:class:`HeteroskedasticGaussian`   mean and raw scale, ``(B, 2)``       none
+=================================  ===================================  ==========================
 
 Examples
 --------

@@ -4,6 +4,10 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
 # ---
 
 # %% [markdown]
@@ -134,12 +138,16 @@ for name, (net, mcmc) in runs.items():
 # %% [markdown]
 # ## A picture: calibration
 #
-# `pyro_flat.plots` returns matplotlib figures.
+# `pyro_flat.plots` draws on the Axes it is given (or on a new figure of its own) and returns
+# the matplotlib figure.
 
 # %%
+import matplotlib.pyplot as plt  # noqa: E402
+
 from pyro_flat import plots  # noqa: E402
 
 net, mcmc = runs["entropy"]
 probs = bma_probs(net, select_draws(mcmc.get_samples(), "both"), data.x_test)
-fig = plots.reliability_diagram(probs, data.y_test, label="EntropyMCMC")
+fig, ax = plt.subplots(figsize=(4, 3.5), layout="constrained")
+plots.reliability_diagram(probs, data.y_test, ax=ax, label="EntropyMCMC")
 fig.savefig(os.environ.get("PYRO_FLAT_FIGURE", "reliability_entropy.png"))

@@ -4,6 +4,10 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
 # ---
 
 # %% [markdown]
@@ -43,8 +47,8 @@ torch.set_num_threads(1)
 # ## A target with a trap
 #
 # Two equal Gaussian modes at ±3 of standard deviation 0.5; the energy
-# \(U(x) = -\log(\tfrac12 \mathcal N(x; -3, 0.5^2) + \tfrac12 \mathcal N(x; 3, 0.5^2))\) is
-# about 17 nats higher at the barrier \(x = 0\) than at the modes. We pass the energy directly
+# $U(x) = -\log(\tfrac12 \mathcal N(x; -3, 0.5^2) + \tfrac12 \mathcal N(x; 3, 0.5^2))$ is
+# about 17 nats higher at the barrier $x = 0$ than at the modes. We pass the energy directly
 # as a `potential_fn` (a Pyro model would do as well) and add a little gradient noise, as a
 # minibatch would. The site `x` holds one value per chain and the potential returns one
 # energy per chain: `ContourSGLD(..., vectorized_chains=8)` runs 8 independent chains in one
@@ -90,17 +94,17 @@ print(f"SGLD: fraction of draws in the right mode {float((x_sgld > 0).double().m
 # The bins must bracket every energy on the way from one mode to the other, up to the barrier:
 # here 24 bins of width 1 from 0 (the last bin also takes every energy above 24). The kernel
 # learns `g`, a distribution over the bins, by stochastic approximation, and moves with the
-# gradient multiplied by \(1 + \zeta T\, \Delta\log g / \Delta u\): negative where the
+# gradient multiplied by $1 + \zeta T\, \Delta\log g / \Delta u$: negative where the
 # chain sits in a bin that `g` says is over-visited, which pushes it uphill, out of the trap.
-# Each draw gets the importance weight \(e^{\zeta\Phi(u)}\) at its energy \(u\), where \(\Phi\)
-# is the piecewise-linear \(\log g\) whose slopes are the multiplier's (the per-draw statistic
+# Each draw gets the importance weight $e^{\zeta\Phi(u)}$ at its energy $u$, where $\Phi$
+# is the piecewise-linear $\log g$ whose slopes are the multiplier's (the per-draw statistic
 # `log_weight`): it undoes exactly the flattening the moves apply.
 #
-# With `sa_power=1` (BlackJAX's gain) the fixed point is \(g^\zeta \propto\) the mass of each
+# With `sa_power=1` (BlackJAX's gain) the fixed point is $g^\zeta \propto$ the mass of each
 # bin under the target: the flattened target is flat in energy, and `g` only has to learn
 # 17/10 nats with `zeta=10` (the paper's gain, the default, makes `g` learn all 17: fine on
 # a long run, slow on a short one). `multiplier_clip` bounds the multiplier (the author's later
-# code uses ±5) and `bounds` rejects moves that would leave \([-8, 8]\), where the target has
+# code uses ±5) and `bounds` rejects moves that would leave $[-8, 8]$, where the target has
 # no mass to speak of, so that an uphill push in the open-ended top bin cannot run away.
 # For a BNN, whose energy is of order N times the loss, let the kernel place the bins from the
 # warmup energies with `auto_bins=True`.
@@ -161,10 +165,10 @@ axes[2].set_title("learned energy PDF")
 fig.tight_layout()
 
 # %% [markdown]
-# The right panel is `pyro_flat.plots.energy_pdf`: the learned \(g\) (averaged over the chains,
+# The right panel is `pyro_flat.plots.energy_pdf`: the learned $g$ (averaged over the chains,
 # as a density over the energy bins) against the histogram of the energies the chains visited.
-# With `sa_power=1`, \(g^\zeta\), not \(g\), is proportional to the mass of each bin under
-# the target, so \(g\) is much flatter than the energy distribution of the target. The
+# With `sa_power=1`, $g^\zeta$, not $g$, is proportional to the mass of each bin under
+# the target, so $g$ is much flatter than the energy distribution of the target. The
 # chains' energies spread evenly up to the barrier: that is the flattening at work. Bins the
 # chains never visit keep their initial value, which would be a sign that the bins do not
 # bracket the energies.

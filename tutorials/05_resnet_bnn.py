@@ -4,6 +4,10 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
 # ---
 
 # %% [markdown]
@@ -153,5 +157,8 @@ print(f"OOD AUROC (predictive entropy): {metrics.ood_auroc(entropy_in, entropy_o
 # ## A picture: uncertainty in and out of distribution
 
 # %%
-fig = plots.uncertainty_histograms(probs.cpu(), probs_ood.cpu(), label="ResNet-18 SGHMC")
+import matplotlib.pyplot as plt  # noqa: E402
+
+fig, ax = plt.subplots(figsize=(4, 3.5), layout="constrained")
+plots.uncertainty_histograms(probs.cpu(), probs_ood.cpu(), ax=ax, label="ResNet-18 SGHMC")
 fig.savefig(os.environ.get("PYRO_FLAT_FIGURE", "resnet_uncertainty.png"))

@@ -197,7 +197,7 @@ class MetaTrainer:
                 "config": dataclasses.asdict(self.config)}
 
     def step(self) -> dict[str, Any]:
-        """One outer step; returns its record (also appended to :attr:`history`)."""
+        """One outer step; returns its record (also appended to ``history``)."""
         start = time.perf_counter()
         cfg = self.config
         phi = self.phi.detach()

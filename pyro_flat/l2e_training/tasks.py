@@ -32,9 +32,11 @@ __all__ = ["CNN_CHANNELS", "CNN_DEPTHS", "META_DATASETS", "MLP_DEPTHS", "MLP_WID
 META_DATASETS: tuple[str, ...] = ("mnist1d", "digits", "teacher_regression")
 #: Widths and depths of the meta-training MLPs.
 MLP_WIDTHS: tuple[int, ...] = (16, 32, 64)
+#: Depths (hidden layers) of the meta-training MLPs.
 MLP_DEPTHS: tuple[int, ...] = (1, 2)
 #: Channels and conv layers of the meta-training CNNs.
 CNN_CHANNELS: tuple[int, ...] = (4, 8)
+#: Conv layers of the meta-training CNNs.
 CNN_DEPTHS: tuple[int, ...] = (1, 2)
 
 
@@ -147,9 +149,9 @@ def _split(x: torch.Tensor, y: torch.Tensor, val_size: int) -> tuple[torch.Tenso
 
 def make_task(dataset: str, arch: str, width: int, depth: int, *, seed: int = 0,
               val_size: int = 256) -> Task:
-    """A task on ``dataset`` (see :data:`META_DATASETS`; also any classification name of
-    :func:`pyro_flat.datasets.load_dataset`) with an ``"mlp"`` or ``"cnn"`` network; the
-    network's initial weights depend on ``seed``."""
+    """A task on ``dataset`` (see :data:`~pyro_flat.l2e_training.tasks.META_DATASETS`; also
+    any classification name of :func:`pyro_flat.datasets.load_dataset`) with an ``"mlp"`` or
+    ``"cnn"`` network; the network's initial weights depend on ``seed``."""
     x, y, xv, yv = _split(*_data(dataset, 0)[:2], val_size)
     regression = dataset == "teacher_regression"
     out_dim = 1 if regression else int(y.max()) + 1

@@ -65,6 +65,7 @@ ESTIMATE_AT = (0.0, 0.25, 0.5, 0.75)
 #: Power iterations per estimate (:func:`pyro_flat.flatness.hessian_top_eigenvalue`), at most;
 #: they stop early once the estimate changes by less than :data:`POWER_TOLERANCE` (relative).
 POWER_ITERATIONS = 30
+#: The relative change of the estimate below which the power iterations stop.
 POWER_TOLERANCE = 1e-3
 #: A coordinate's gradient second moment is raised to at least this fraction of their median,
 #: so that a coordinate whose gradient stayed near zero does not get an unbounded step.

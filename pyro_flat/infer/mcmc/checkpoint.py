@@ -57,7 +57,7 @@ class Checkpoints:
         }
 
     def aux_generator_state(self) -> torch.Tensor:
-        """State of :attr:`aux_generator` for a checkpoint (a kernel that draws ahead overrides)."""
+        """State of ``aux_generator`` for a checkpoint (a kernel that draws ahead overrides)."""
         return self.aux_generator.get_state()
 
     def _chain_rng_for_checkpoint(self) -> list[torch.Tensor]:
@@ -73,7 +73,8 @@ class Checkpoints:
         return pyro.util.get_rng_state()  # between draws of a run (e.g. from a hook_fn)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` at the next :meth:`setup` (i.e. the next ``MCMC.run``)."""
+        """Continue from ``state`` at the next
+        :meth:`~pyro_flat.infer.mcmc.base.SGMCMCKernel.setup` (i.e. the next ``MCMC.run``)."""
         if (state.get("version") not in _LOADABLE_VERSIONS
                 or state.get("kernel") != type(self).__name__):
             raise ValueError(

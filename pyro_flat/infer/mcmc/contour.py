@@ -52,7 +52,7 @@ class ContourSGLD(SGMCMCKernel):
     and ``k`` the number of SA updates so far (1-based). :math:`\mu < 0` is the "bouncy" move
     out of a trap; ``multiplier_clip`` bounds it (the author's ICSGLD code uses ``(-5, 5)``).
 
-    Choices where the paper, the authors' code and BlackJAX differ (ALGORITHMS.md §2):
+    Choices where the paper, the authors' code and BlackJAX differ:
 
     * **Index convention.** The multiplier is the backward difference
       :math:`(\log g_J - \log g_{J-1})/\Delta u`, the slope of the piecewise-linear
@@ -77,10 +77,9 @@ class ContourSGLD(SGMCMCKernel):
       target whose bins span :math:`\Delta` nats of :math:`\pi_T` needs :math:`\log g` to
       span :math:`\Delta` with the paper's gain but only :math:`\Delta/\zeta` with
       ``sa_power=1`` and a large :math:`\zeta` (the flattened target is then flat in energy,
-      as with the paper's gain at :math:`\zeta = 1`). ALGORITHMS.md's toy B (a 76-nat
-      barrier at T = 50) crosses hundreds of times in 40,000 steps with ``zeta=20,
-      sa_power=1``; with ``zeta=1`` (either gain, also flat in energy) none of 8 chains
-      crossed in 100,000 steps. The nine-mode toy A (a few nats) uses the paper's gain.
+      as with the paper's gain at :math:`\zeta = 1`). For a barrier of tens of nats use a
+      large ``zeta`` with ``sa_power=1`` (toy B of ``benchmarks/contour_sgld.py``, a 76-nat
+      barrier at T = 50: ``zeta=20``); for barriers of a few nats the paper's gain (toy A).
     * **Weights (beyond the paper).** The move above is Langevin dynamics for
       :math:`\exp(-U/T - \zeta\Phi(U))`, where :math:`\Phi` is the continuous, piecewise-linear
       function whose slope on bin ``j`` is the one the multiplier uses,
@@ -130,7 +129,7 @@ class ContourSGLD(SGMCMCKernel):
     zeta : float
         :math:`\zeta \ge 0`, the flattening; ``0`` is SGLD.
     omega0 : float
-        :math:`\omega_0 \in (0, 1]`, the SA step cap (ALGORITHMS.md Toy A: ``3e-3``).
+        :math:`\omega_0 \in (0, 1]`, the SA step cap (the authors' toy demo: ``3e-3``).
     sa_power : float, optional
         The power ``p`` of the SA gain :math:`\omega_k g_J^p`; ``None`` (default) is ``zeta``.
     multiplier_clip : (float, float), optional
@@ -151,7 +150,7 @@ class ContourSGLD(SGMCMCKernel):
     bounds : (float, float), optional
         Keep the flat (unconstrained) parameters in the box ``[low, high]^d``: an SG step whose
         move would leave it is rejected and :math:`\theta` stays where it is (the SA update of
-        that step is kept), as in the official toy demo (ALGORITHMS.md Toy A). ``None``
+        that step is kept), as in the official toy demo. ``None``
         (default): no box. The rejected steps of a run are counted in
         ``diagnostics()["num_rejected"]`` (with ``vectorized_chains``, one per chain and
         rejected step); a start outside the box (or not a number) raises ``ValueError``.

@@ -66,17 +66,13 @@ class EntropyMCMC(SGMCMCKernel):
     ``guide_momentum`` (zero at the start and after a non-finite step).
 
     **Cost.** One gradient per step, as SGLD; beyond SGLD's update, three vector passes (the
-    coupling as two ``lerp_``, the guide's noise) and a second Gaussian vector :math:`\xi_2`.
-    On a CPU that vector is the cost that remains: torch's ``normal_``, the fastest exact
-    generator measured here (``benchmarks/results/gaussian_generators.md``), takes about 20% of
-    an SGLD step of a 784-100-100-10 MLP at batch 128, so drawn in line a step costs 1.25x
-    SGLD's on that network (1.01-1.03x on a small CNN, whose gradient dominates).
-    :math:`\xi_2` does not depend on the step, so when a core is spare (torch's intra-op
-    threads leave one free) it is drawn ahead in blocks on a worker thread
-    (:class:`~pyro_flat.infer.mcmc.noise.PrefetchedNormal`, same values; attribute
-    ``prefetch_noise``), and the MLP step costs 1.09x SGLD's. When torch's threads hold every
-    core (its default) it is drawn in line: 1.29x on the MLP with two threads on two cores
-    (``benchmarks/results/kernel_step_ratio_threads2.md``).
+    coupling as two ``lerp_``, the guide's noise) and a second Gaussian vector :math:`\xi_2`,
+    which is what costs on a CPU. :math:`\xi_2` does not depend on the step, so when a core is
+    spare (torch's intra-op threads leave one free) it is drawn ahead in blocks on a worker
+    thread (:class:`~pyro_flat.infer.mcmc.noise.PrefetchedNormal`, same values; attribute
+    ``prefetch_noise``). A step of a 784-100-100-10 MLP costs about 1.1 times SGLD's with a
+    spare core and 1.3 times with every core busy; on a small CNN, whose gradient dominates,
+    about 1.0 (``benchmarks/kernel_step_ratio.py``, results in ``benchmarks/results/``).
 
     **Draws** hold :math:`\theta` under the model's site names and :math:`\theta_a` under the same
     names with the suffix ``"__guide"``; :func:`select_draws` maps either (or both) onto the
@@ -102,7 +98,8 @@ class EntropyMCMC(SGMCMCKernel):
         The Langevin form (the default) or the underdamped (SGHMC) form.
     friction : float, optional
         :math:`C > 0` of the underdamped form (default 1). Given without ``dynamics`` it
-        selects the underdamped form, as it did before ``dynamics`` existed (deprecated).
+        selects the underdamped form with a ``FutureWarning``: pass
+        ``dynamics="underdamped"`` as well.
     mass : float
         Scalar mass :math:`M > 0` of the underdamped form.
     tempered_coupling : bool

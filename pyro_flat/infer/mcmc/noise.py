@@ -1,33 +1,22 @@
 """Standard-normal noise for auxiliary variables, drawn ahead in blocks on a worker thread.
 
-Drawing a Gaussian vector the size of a network is the one cost of a second set of variables
-(EntropyMCMC's guiding copy :math:`\\theta_a`) that does not shrink with the model's forward pass:
-for the 784-100-100-10 MLP (89,610 floats) at batch 128 it is about 20% of an SGLD step.
-Measured on one core of an idle machine, interleaved
-(``benchmarks/results/gaussian_generators.md``: 3.4 ns per float), torch's ``normal_``
-(MT19937 uniforms and a fused, vectorised Box-Muller) is the fastest of the ready-made exact
-generators: NumPy's ziggurat ``Generator(SFC64 | PCG64 | Philox).standard_normal(dtype=float32,
-out=...)`` takes 2.2-3.3 times as long and ``erfinv`` of torch uniforms 1.5 times. Box-Muller
-written with NumPy's vectorised ``log``/``sin``/``cos`` on raw ``SFC64`` bits takes 0.73 times
-as long: it would save about 4% of that SGLD step, far from bringing a step drawn in line
-(1.25x SGLD's) to 1.1x, for a second kind of random state in checkpoints and a hand-written
-transform. The 1.1x target leaves about 0.19 ms per step for the second vector on that MLP;
-the raw ``SFC64`` bits take 0.08 ms, which would leave 0.11 ms for an exact transform of
-89,610 values, and the fastest vectorised one available here (NumPy's) takes 0.15 ms.
-So the draw stays torch's and leaves the critical path instead.
+A second set of variables, such as EntropyMCMC's guiding copy :math:`\\theta_a`, needs a second
+Gaussian vector the size of the network at every step. Its cost grows with the number of
+parameters, not with the work of the forward pass, so on a small MLP it is a sizeable part of
+the step (about 20% of an SGLD step of the 784-100-100-10 MLP at batch 128). The vectors come
+from torch's ``normal_``, the fastest of the exact generators compared by
+``benchmarks/gaussian_generators.py``.
 
-The noise is independent of everything else in a step, and :class:`PrefetchedNormal` fills the
+The noise is independent of everything else in a step, so :class:`PrefetchedNormal` fills the
 next *block* of vectors on a worker thread while the model's gradients are computed (PyTorch
 releases the GIL inside its kernels). Each vector is one ``normal_()`` call on the stream's own
 generator, in order, so the values are exactly those of synchronous draws and runs stay
 reproducible; blocks (up to 8 vectors, at most 4 MiB) make the hand-over between threads rare.
 If the worker has not started the next block when it is needed, the calling thread cancels it
 and draws the block itself. Without a spare core (``torch.get_num_threads()`` already uses
-every core this process may run on) or off the CPU it draws in line. Measured side by side on
-an idle 2-core machine (``benchmarks/results/kernel_step_ratio.md``, one torch thread), an
-EntropyMCMC step of the MLP costs 1.09x SGLD's with the worker thread and 1.25x with the noise
-drawn in line; with torch's default two threads there is no spare core
-(``kernel_step_ratio_threads2.md``: 1.29x).
+every core this process may run on) or off the CPU it draws in line. With a spare core an
+EntropyMCMC step of that MLP costs about 1.1 times SGLD's, drawn in line about 1.25 times
+(``benchmarks/kernel_step_ratio.py``; the measurements are in ``benchmarks/README.md``).
 """
 
 from __future__ import annotations

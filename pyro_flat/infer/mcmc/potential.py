@@ -7,12 +7,13 @@ For unconstrained parameters ``z``, constrained values ``x = T(z)`` and ``T = bi
     U(z) = -\\log p(x) - \\log|\\det J_T(z)|
            - \\frac{N}{B} \\sum_{i \\in \\text{batch}} \\log p(y_i \\mid x)
 
-The model runs once per evaluation under :class:`_LogJoint`, a small messenger that substitutes
+The model runs once per evaluation under ``_LogJoint``, a small messenger that substitutes
 the latent values, injects the minibatch indices into the data plate and adds up the scaled
 log-densities as the sites go by. Nothing is traced or recorded; Normal priors (the usual BNN
-prior) are summed in closed form on the flat parameter vector (:mod:`.flat_prior`). Measured on
-a 784-100-100-10 MLP, potential and gradient cost about 1.13x a hand-written ``functional_call``
-log joint (``benchmarks/step_overhead.py``); ``poutine.trace(...).log_prob_sum()`` costs about 2x.
+prior) are summed in closed form on the flat parameter vector (:mod:`.flat_prior`). On a
+784-100-100-10 MLP the potential and its gradient cost about 1.1 times a hand-written
+``functional_call`` log joint (``benchmarks/step_overhead.py``), about half of what a traced
+model costs (``benchmarks/README.md``, "Notes on design choices").
 The other Normal sites are summed in closed form as the model runs (:mod:`.normal`).
 """
 

@@ -38,9 +38,10 @@ class SASGLD(SGMCMCKernel):
     The norm runs over all parameters together. The perturbed gradient is that of the whole
     minibatch potential :math:`\hat U` (likelihood *and* prior) at :math:`\theta + e`: the
     sharpness-aware potential is then simply :math:`\hat U(\theta + e(\theta))`, one ascent
-    step on all of ``U``; ALGORITHMS.md allows the prior gradient at :math:`\theta` instead,
-    which differs by :math:`\nabla^2 \log p \cdot e = O(\rho / \sigma_{\text{prior}}^2)`,
-    negligible beside the likelihood's curvature of a BNN. A zero gradient gives :math:`e = 0`.
+    step on all of ``U``; taking the prior's gradient at :math:`\theta` instead, as the
+    description of the authors' method allows, differs by
+    :math:`\nabla^2 \log p \cdot e = O(\rho / \sigma_{\text{prior}}^2)`, negligible beside
+    the likelihood's curvature of a BNN. A zero gradient gives :math:`e = 0`.
 
     With ``geometry=True`` the ball is the ASAM ellipsoid :math:`\|T_\theta^{-1} e\| \le \rho`
     with :math:`T_\theta = \mathrm{diag}(|\theta| + \eta)`, :math:`\eta` =
@@ -86,7 +87,8 @@ class SASGLD(SGMCMCKernel):
         The update after the estimator: Langevin (the default) or SGHMC's.
     friction : float, optional
         :math:`C > 0` of the underdamped form (default 1). Given without ``dynamics`` it
-        selects the underdamped form, as it did before ``dynamics`` existed (deprecated).
+        selects the underdamped form with a ``FutureWarning``: pass
+        ``dynamics="underdamped"`` as well.
     mass : float
         Scalar mass :math:`M > 0` of the underdamped form.
     batchnorm_modules : iterable of torch.nn.Module, optional

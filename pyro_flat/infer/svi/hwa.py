@@ -8,16 +8,16 @@ From (pre-)trained variational parameters, :class:`HWA` runs the wrapped
     \quad (\gamma_t = \gamma_1 \text{ if } c = 1),
 
 and after the last step of every cycle folds the current parameters :math:`\phi` into running
-moments (seed 004, Algorithm 1):
+moments (Algorithm 1 of the HWA paper):
 
 .. math:: \bar\phi \leftarrow \frac{n\bar\phi + \phi}{n + 1}, \qquad
     s \leftarrow \frac{n s + \phi^2}{n + 1}, \qquad \mathrm{var} = s - \bar\phi^2 .
 
-The seed's variance recursion subtracts the squared mean inside the running average, which is
+The paper's variance recursion subtracts the squared mean inside the running average, which is
 not the variance of the snapshots; the second-moment form above (SWAG's) is, and it is computed
 with Welford's update, which has no cancellation when the variance is small. Averages are taken
 per element in the *unconstrained* space, where Pyro's optimiser moves the parameters (a scale
-parameter is averaged as its log). The seed leaves :math:`\gamma_1, \gamma_2, c` open: they are
+parameter is averaged as its log). The paper leaves :math:`\gamma_1, \gamma_2, c` open: they are
 arguments here.
 """
 
@@ -52,7 +52,7 @@ class HWA:
         The scales of the averaged guide (:meth:`swapped`, :meth:`averaged_guide`).
         ``"average"`` (default): every parameter, scales included, is its running average (a
         scale is averaged as its unconstrained value, e.g. its log). ``"snapshots"``: the
-        paper's :math:`\\sigma^{HWA}` (seed 004, Algorithm 1, line 11): each mean's scale is
+        paper's :math:`\\sigma^{HWA}` (Algorithm 1, line 11): each mean's scale is
         the standard deviation of that mean's snapshots, :math:`\\sqrt{s - \\bar\\mu^2}`
         (at least the smallest positive float), and the fitted scales are not used. Means
         and scales are paired by
@@ -84,8 +84,10 @@ class HWA:
 
     References
     ----------
-    Seed 004 of this project ("HWA: averaging hyperparameters in BNNs"); Izmailov, P. et al.
-    (2018). Averaging weights leads to wider optima and better generalization. UAI.
+    Anonymous authors. HWA: Averaging hyperparameters in Bayesian neural networks leads to
+    better generalization. Manuscript under double-blind review.
+    Izmailov, P. et al. (2018). Averaging weights leads to wider optima and better
+    generalization. UAI.
     """
 
     def __init__(self, svi: SVI, lr_bounds: tuple[float, float], cycle_length: int,

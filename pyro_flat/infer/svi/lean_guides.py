@@ -1,4 +1,5 @@
-r"""Draws of Pyro's common autoguides without running them: the guide half of :class:`LeanELBO`.
+r"""Draws of Pyro's common autoguides without running them: the guide half of
+:class:`~pyro_flat.infer.svi.lean_elbo.LeanELBO`.
 
 Each class here reproduces, for one autoguide, what its ``forward`` samples and what
 ``Trace_ELBO`` adds up from the guide's trace, without the trace: the same parameters read

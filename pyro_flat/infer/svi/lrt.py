@@ -95,7 +95,7 @@ class LocalReparameterization:
     **Sharpness-aware variant (F-SGVB-LRT)**: with
     :class:`~pyro_flat.infer.SharpnessAwareELBO`, the means :math:`\mu` are moved to
     :math:`\mu'` in place and the random state is replayed, so the second pass uses the same
-    :math:`\epsilon` around the perturbed means, as the seed's F-SGVB-LRT.
+    :math:`\epsilon` around the perturbed means: the paper's F-SGVB-LRT.
 
     The wrapped model is for fitting only: to predict, run the plain model with guide draws.
 

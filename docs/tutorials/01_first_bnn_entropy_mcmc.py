@@ -1,0 +1,1 @@
+../../tutorials/01_first_bnn_entropy_mcmc.py

@@ -1,0 +1,1 @@
+../../tutorials/02_escaping_traps_contour_sgld.py

@@ -1,0 +1,1 @@
+../../tutorials/03_sharpness_aware_svi_hwa.py

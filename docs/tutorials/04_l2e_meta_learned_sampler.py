@@ -1,0 +1,1 @@
+../../tutorials/04_l2e_meta_learned_sampler.py

@@ -1,0 +1,1 @@
+../../tutorials/05_resnet_bnn.py

@@ -1,0 +1,1 @@
+../../tutorials/06_regression_workflow.py
