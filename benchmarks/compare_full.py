@@ -10,6 +10,9 @@ Run::
     .venv/bin/python benchmarks/compare_full.py                  # --budget full, ~10 min CPU
     .venv/bin/python benchmarks/compare_full.py --budget 4000 --name compare_quick
 
+The committed table compares the methods at equal gradient evaluations (``--equal grads``, this
+script's default); ``--equal steps`` is the command's default protocol.
+
 The numbers reproduce from the command within seed noise: every method is seeded (``--seed``),
 the data are generated from the same seed, torch runs on one thread.
 """
@@ -60,13 +63,15 @@ def main() -> int:
     parser.add_argument("--dataset", default="mnist1d")
     parser.add_argument("--seed", default="0")
     parser.add_argument("--methods", default=None)
+    parser.add_argument("--equal", default="grads", choices=("steps", "grads"),
+                        help="the budget's unit (default grads: the committed table's protocol)")
     parser.add_argument("--name", default="compare_full", help="results file stem")
     parser.add_argument("--out", default=None, help="keep the run's folder here")
     args = parser.parse_args()
 
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="compare-")) / "run"
     argv = ["compare", "--budget", args.budget, "--dataset", args.dataset, "--seed", args.seed,
-            "--out", str(out), "--no-progress"]
+            "--equal", args.equal, "--out", str(out), "--no-progress"]
     if args.methods:
         argv += ["--methods", args.methods]
     load_before = os.getloadavg()

@@ -55,7 +55,7 @@ def test_kernel_computes_the_torch_paths_rows(sizes, threads):
 def test_threads_split_the_rows_without_changing_them():
     g = torch.Generator().manual_seed(0)
     net = MetaNet.init(g)
-    features = torch.randn(9, 3 * native.MIN_ROWS_PER_THREAD + 5, generator=g)
+    features = torch.randn(9, 3 * 2048 + 5, generator=g)  # several blocks of 2,048 rows
     segments = [(0, 10), (10, features.shape[1])]
     scales = torch.rand(9, 2, generator=g)
     previous = torch.get_num_threads()

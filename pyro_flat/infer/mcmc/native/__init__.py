@@ -9,14 +9,15 @@ cache, about twice as fast on one core (``benchmarks/l2e_step_time.py``). It is 
 * the input is float32 on the CPU, in the feature-major layout of
   :class:`~pyro_flat.infer.mcmc.l2e_net.L2EState`, and the network is 9-32-32;
 * the CPU has AVX2 and FMA, and a C compiler (``$CC``, else ``cc``) built the kernel: on first
-  use it is compiled with ``-O3 -mavx2 -mfma`` into ``$PYRO_FLAT_CACHE_DIR`` (default
+  use it is compiled with ``-O3 -mavx2 -mfma -fopenmp`` into ``$PYRO_FLAT_CACHE_DIR`` (default
   ``~/.cache/pyro_flat``) and loaded with :mod:`ctypes`; later processes load the built file;
 * ``PYRO_FLAT_NATIVE`` is not ``0``.
 
 Otherwise torch's kernels run (:func:`status` says why). Both compute the same network in
 float32; their sums are rounded in different orders, so their outputs differ by a few ulps.
-With several torch threads (:func:`torch.get_num_threads`) the rows are split between as many
-threads (the kernel releases Python's lock while it runs).
+The rows are spread over OpenMP threads: the kernel links the OpenMP runtime that torch
+already loaded, so it runs on torch's :func:`torch.get_num_threads` threads, and each row is
+computed alone, so the result does not depend on them.
 """
 
 from __future__ import annotations
@@ -31,19 +32,18 @@ import subprocess
 import sysconfig
 import tempfile
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 
 SOURCE = Path(__file__).with_name("meta_rows.c")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-shared", "-fPIC")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
 #: The network shape the kernel computes: features, hidden units.
 FEATURES, HIDDEN = 9, 32
-#: Rows per thread below which the pass is not split between threads.
-MIN_ROWS_PER_THREAD = 4096
 
 _float_p = ctypes.POINTER(ctypes.c_float)
+_int64_p = ctypes.POINTER(ctypes.c_int64)
 
 
 def cache_dir() -> Path:
@@ -96,10 +96,10 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         return None, f"building the kernel failed: {error} {detail.decode(errors='replace')}"
     if not lib.meta_rows_supported():
         return None, "the CPU lacks AVX2 or FMA"
-    lib.meta_rows.restype = None
-    lib.meta_rows.argtypes = [_float_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                              _float_p, _float_p, _float_p, _float_p, _float_p, ctypes.c_float,
-                              _float_p]
+    lib.meta_rows_segments.restype = None
+    lib.meta_rows_segments.argtypes = [
+        _float_p, ctypes.c_int64, ctypes.c_int64, _int64_p, _int64_p, _float_p, _float_p,
+        _float_p, _float_p, _float_p, ctypes.c_float, _float_p]
     return lib, ""
 
 
@@ -117,13 +117,8 @@ def applies(x: torch.Tensor, hidden: int) -> bool:
             and _load()[0] is not None)
 
 
-def _ptr(t: torch.Tensor) -> ctypes._Pointer:
-    return ctypes.cast(t.data_ptr(), _float_p)
-
-
-@functools.cache
-def _pool(threads: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(threads, thread_name_prefix="pyro_flat_meta_rows")
+def _ptr(t: torch.Tensor, kind: Any = _float_p) -> Any:
+    return ctypes.cast(t.data_ptr(), kind)
 
 
 def meta_rows(x: torch.Tensor, segments: Sequence[tuple[int, int]], first: torch.Tensor,
@@ -136,24 +131,11 @@ def meta_rows(x: torch.Tensor, segments: Sequence[tuple[int, int]], first: torch
     lib = _load()[0]
     if lib is None:  # pragma: no cover - callers check applies() first
         raise RuntimeError(f"the native kernel is not available: {status()}")
-    features = x.T
-    n = features.shape[1]
-    pointers = (_ptr(features), _ptr(b0), _ptr(w1), _ptr(b1), _ptr(w_out), _ptr(out))
-    x_p, b0_p, w1_p, b1_p, w_p, out_p = pointers
-
-    def rows(lo: int, hi: int) -> None:
-        for j, (a, b) in enumerate(segments):
-            a, b = max(a, lo), min(b, hi)
-            if a < b:
-                lib.meta_rows(x_p, n, a, b, _ptr(first[j]), b0_p, w1_p, b1_p, w_p,
-                              b_out, out_p)
-
-    threads = min(torch.get_num_threads(), max(1, n // MIN_ROWS_PER_THREAD))
-    if threads == 1:
-        rows(0, n)
-    else:
-        bounds = [n * t // threads // 16 * 16 for t in range(threads)] + [n]
-        list(_pool(threads).map(rows, bounds[:-1], bounds[1:]))
+    bounds = torch.tensor(segments, dtype=torch.int64).T.contiguous()
+    starts, stops = bounds
+    lib.meta_rows_segments(_ptr(x.T), x.shape[0], len(segments), _ptr(starts, _int64_p),
+                           _ptr(stops, _int64_p), _ptr(first), _ptr(b0), _ptr(w1), _ptr(b1),
+                           _ptr(w_out), b_out, _ptr(out))
     return out
 
 

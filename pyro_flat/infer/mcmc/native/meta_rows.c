@@ -9,6 +9,9 @@
  * kept in a 2 KB buffer and the second layer's units accumulated four at a time in registers:
  * the network's weights and activations never leave the first-level cache. The sums run in
  * float32 in the order written here (the result differs from a BLAS evaluation by rounding).
+ * meta_rows_segments runs the blocks of all segments in an OpenMP loop; built with -fopenmp it
+ * uses the OpenMP runtime already in the process (torch's libgomp), so torch.set_num_threads
+ * sets its threads too. Every row is computed alone: the result does not depend on them.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -99,4 +102,26 @@ void meta_rows(const float* X, int64_t ld, int64_t start, int64_t stop,
         _mm256_storeu_ps(out + i + 8, ob);
     }
     rows_one_by_one(X, ld, i, stop, W0, b0, W1, b1, w, bw, out);
+}
+
+/* Rows of several segments (segment j: rows starts[j] .. stops[j], first-layer weights
+   W0s + j 9 32), in blocks of BLOCK rows spread over the OpenMP threads. */
+#define BLOCK 2048
+void meta_rows_segments(const float* X, int64_t ld, int64_t nseg, const int64_t* starts,
+                        const int64_t* stops, const float* W0s, const float* b0,
+                        const float* W1, const float* b1, const float* w, float bw,
+                        float* out) {
+    int64_t nblocks = 0;
+    for (int64_t j = 0; j < nseg; ++j) nblocks += (stops[j] - starts[j] + BLOCK - 1) / BLOCK;
+    #pragma omp parallel for schedule(static) if (nblocks > 1)
+    for (int64_t b = 0; b < nblocks; ++b) {
+        int64_t j = 0, k = b;  /* block b is the k-th block of segment j */
+        while (k >= (stops[j] - starts[j] + BLOCK - 1) / BLOCK) {
+            k -= (stops[j] - starts[j] + BLOCK - 1) / BLOCK;
+            ++j;
+        }
+        int64_t lo = starts[j] + k * BLOCK;
+        int64_t hi = lo + BLOCK < stops[j] ? lo + BLOCK : stops[j];
+        meta_rows(X, ld, lo, hi, W0s + j * 9 * 32, b0, W1, b1, w, bw, out);
+    }
 }
