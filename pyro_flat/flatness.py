@@ -340,8 +340,11 @@ def random_direction(
                 d = torch.zeros_like(d)
             else:
                 dims = tuple(range(1, p.dim()))
-                d = d * (p.detach().norm(dim=dims, keepdim=True)
-                         / d.norm(dim=dims, keepdim=True).clamp_min(1e-12))
+                # vector norms over each filter, whatever its rank (Tensor.norm takes a
+                # 2-tuple of dims for a matrix norm and refuses three)
+                norm = torch.linalg.vector_norm
+                d = d * (norm(p.detach(), dim=dims, keepdim=True)
+                         / norm(d, dim=dims, keepdim=True).clamp_min(1e-12))
         out[name] = d
     return out
 

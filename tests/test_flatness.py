@@ -157,6 +157,10 @@ def test_slices_along_a_direction_and_a_segment():
     r = random_direction(p, generator=torch.Generator().manual_seed(0))
     assert torch.allclose(r["weight"].norm(dim=1), p["weight"].norm(dim=1))
     assert torch.equal(r["bias"], torch.zeros(3))
+    # a Conv2d weight (out, in, kh, kw): each output filter gets the norm of its own filter
+    conv = {"weight": torch.randn(4, 3, 5, 5, dtype=torch.float64)}
+    r = random_direction(conv, generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(r["weight"].flatten(1).norm(dim=1), conv["weight"].flatten(1).norm(dim=1))
     with pytest.raises(ValueError, match="same sites"):
         loss_along_segment(loss, w, {"v": end["w"]})
     with pytest.raises(ValueError, match="num_points"):
