@@ -65,6 +65,12 @@ Setup (the same for every method; see :class:`pyro_flat.compare.config.Settings`
   time`` covers building, sampling (or training), predicting and measuring the sharpness and the
   loss slice; ``cpu_time_s`` in the CSV and JSON files is the CPU time of the same work (all threads
   of the process), a better measure on a shared machine.
+* Protocol: ``--protocol shared`` (default) runs every method under the schedule above;
+  ``--protocol authors`` follows the authors where their protocol differs: EntropyMCMC then
+  runs cyclical SGLD's cosine step-size cycles (from ``2 lr / N``) at temperature ``1e-4`` and
+  keeps the last 2 draws of each cycle (of theta and of the guide), as its authors' CIFAR-10
+  runs do. Cyclical SGLD already follows its authors; the other samplers' authors run a
+  constant step.
 * Sharpness: the mean over the draws of ``L(theta + rho g/|g|) - L(theta)`` (mean loss on the
   first 1,000 training points, ``rho = 0.05``; :func:`pyro_flat.flatness.sharpness`).
 * Seeds: ``--seed s`` sets the data split (or generation) and every method's randomness;
@@ -108,7 +114,15 @@ from typing import NoReturn
 import torch
 
 from pyro_flat.compare import registry
-from pyro_flat.compare.config import BUDGETS, MIN_STEPS, Budget, Plan, Settings, make_plan
+from pyro_flat.compare.config import (
+    BUDGETS,
+    MIN_STEPS,
+    PROTOCOLS,
+    Budget,
+    Plan,
+    Settings,
+    make_plan,
+)
 from pyro_flat.compare.evaluation import METRICS
 from pyro_flat.compare.models import MODELS, build_cnn, build_mlp
 from pyro_flat.compare.output import COLUMNS, format_table, output_problem
@@ -308,6 +322,12 @@ def _build_parser() -> _Parser:
               "half the steps) (default: %(default)s)"),
     )
     compare_parser.add_argument(
+        "--protocol", default="shared", choices=PROTOCOLS,
+        help=("shared: every method under the one schedule described above; authors: the "
+              "authors' protocol where it differs (EntropyMCMC: cosine step-size cycles at "
+              "T = 1e-4, its 2 last draws of each cycle kept) (default: %(default)s)"),
+    )
+    compare_parser.add_argument(
         "--seed", default=0, type=_seed,
         help="seed of the data split and of every method (default: %(default)s)",
     )
@@ -388,7 +408,7 @@ def compare_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
                      "below 2**32 (lower --seed or --seeds)")
     budget = BUDGETS[args.budget] if isinstance(args.budget, str) else Budget(steps=args.budget)
     budget = dataclasses.replace(budget, unit=args.equal)
-    settings = Settings()
+    settings = Settings(protocol=args.protocol)
     plan = make_plan(budget, settings.exploration_fraction)
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)

@@ -613,3 +613,25 @@ def test_equal_gradient_evaluations_halve_the_sharpness_aware_steps(tmp_path):
         assert int(r[8]) == DRAWS.get(r[0], 12), r
     result = json.loads((tmp_path / "g" / "results.json").read_text())
     assert result["plan"]["unit"] == "grads"
+
+
+def test_authors_protocol_runs_entropy_mcmc_in_cold_cosine_cycles(tmp_path):
+    """--protocol authors: EntropyMCMC at T = 1e-4 under cosine step-size cycles, keeping the
+    last 2 of the 4 draws of each of the 3 kept cycles (theta and guide: 12 networks)."""
+    from pyro_flat.compare.mcmc import cosine_step
+
+    code, stdout, stderr = run(["compare", "--dataset", "digits", "--budget", str(BUDGET),
+                                "--methods", "entropy", "--protocol", "authors", "--jobs", "1",
+                                "--out", str(tmp_path / "a")])
+    assert code == 0, stderr
+    rows = {r[0]: r for r in table_rows(stdout)[1]}
+    assert int(rows["entropy"][8]) == 12 and int(rows["entropy"][7]) == BUDGET
+    result = json.loads((tmp_path / "a" / "results.json").read_text())
+    assert result["settings"]["protocol"] == "authors"
+    notes = result["method_notes"]["entropy"]
+    assert notes["temperature"] == 1e-4 and notes["draws_per_cycle"] == 2
+    idata = az.from_netcdf(tmp_path / "a" / "draws_entropy.nc")
+    assert idata.posterior.sizes["draw"] == 6  # 3 cycles x 2 (theta; the guide beside it)
+    # the schedule: 2 lr / N at a cycle's start, lr / N half-way, 0 at its end
+    assert cosine_step(0, 2.0, 40) == 2.0 and cosine_step(20, 2.0, 40) == pytest.approx(1.0)
+    assert cosine_step(40, 2.0, 40) == 2.0 and cosine_step(39, 2.0, 40) < 0.01

@@ -19,6 +19,13 @@ RHO = 0.05
 SHARPNESS_POINTS = 1000
 #: EntropyMCMC's step_size / eta, the authors' CIFAR-10 ratio (lr 0.5 over 50,000, eta 4e-4).
 ENTROPY_STEP_OVER_ETA = 0.025
+#: ``protocol="authors"``: EntropyMCMC's temperature and the draws it keeps at the end of each
+#: cosine cycle (the authors' CIFAR-10 run: T = 1e-4, 4 cycles, 2 draws of theta and theta_a).
+ENTROPY_AUTHORS_TEMPERATURE = 1e-4
+ENTROPY_AUTHORS_DRAWS_PER_CYCLE = 2
+#: ``--protocol`` choices: every method under the shared schedule, or the authors' protocols
+#: where they differ from it.
+PROTOCOLS = ("shared", "authors")
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,7 @@ class Settings:
     svi_init_scale: float = 0.01
     swag_scale: float = 0.5
     swag_max_rank: int = 20
+    protocol: str = "shared"
 
 
 @dataclass(frozen=True)

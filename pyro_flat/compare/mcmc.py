@@ -8,11 +8,18 @@ the *mean* loss: the kernels act on ``U``, ``N`` times the mean loss, so ``step_
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pyro_flat.compare.common import Context, Fit, Method
-from pyro_flat.compare.config import ENTROPY_STEP_OVER_ETA, RHO
+from pyro_flat.compare.config import (
+    ENTROPY_AUTHORS_DRAWS_PER_CYCLE,
+    ENTROPY_AUTHORS_TEMPERATURE,
+    ENTROPY_STEP_OVER_ETA,
+    RHO,
+)
 
 if TYPE_CHECKING:
     from pyro_flat.bnn import BNN
@@ -50,14 +57,37 @@ def _csgld(model: BNN, ctx: Context) -> Built:
     return kernel, kept, p.warmup_cycles * p.draws_per_cycle, 1
 
 
+def cosine_step(t: int, base: float, cycle_length: int) -> float:
+    """Cyclical SGLD's cosine schedule: ``base / 2 (cos(pi (t mod L) / L) + 1)``."""
+    return 0.5 * base * (math.cos(math.pi * (t % cycle_length) / cycle_length) + 1.0)
+
+
 def _entropy(model: BNN, ctx: Context) -> Built:
     from pyro_flat.infer import EntropyMCMC
 
     s, p = ctx.settings, ctx.plan
     step = s.lr / ctx.num_train
-    kernel = EntropyMCMC(model, step_size=step, eta=step / ENTROPY_STEP_OVER_ETA,
-                         num_steps_per_sample=p.thin, temperature=s.temperature)
+    if s.protocol == "authors":  # cosine cycles (mean step lr / N), T = 1e-4
+        schedule = partial(cosine_step, base=2 * step, cycle_length=p.cycle_length)
+        kernel = EntropyMCMC(model, step_size_schedule=schedule, eta=step / ENTROPY_STEP_OVER_ETA,
+                             num_steps_per_sample=p.thin,
+                             temperature=ENTROPY_AUTHORS_TEMPERATURE)
+    else:
+        kernel = EntropyMCMC(model, step_size=step, eta=step / ENTROPY_STEP_OVER_ETA,
+                             num_steps_per_sample=p.thin, temperature=s.temperature)
     return kernel, p.num_draws, p.warmup_draws, 1
+
+
+def cycle_end_draws(num_draws: int, draws_per_cycle: int, keep: int) -> list[int]:
+    """Indices of the last ``keep`` draws of each cycle of ``draws_per_cycle`` draws.
+
+    Examples
+    --------
+    >>> cycle_end_draws(8, 4, 2)
+    [2, 3, 6, 7]
+    """
+    keep = min(keep, draws_per_cycle)
+    return [i for i in range(num_draws) if i % draws_per_cycle >= draws_per_cycle - keep]
 
 
 def _sasgld(model: BNN, ctx: Context) -> Built:
@@ -129,14 +159,23 @@ def run_kernel(method: str, ctx: Context) -> Fit:
     finally:
         bar.close()
     samples = mcmc.get_samples()
-    if method == "entropy":  # the authors' model average: theta and theta_a draws
-        from pyro_flat.infer.mcmc.entropy import select_draws
-
-        samples = select_draws(samples, "both")
     # ArviZ's groups on the *test* set (log-likelihood per test point, the test labels), so
     # that arviz.compare ranks the methods by their predictive accuracy on held-out data
     idata = to_arviz(mcmc, model=model, model_args=(ctx.data.x_test, ctx.data.y_test))
     weights, notes = None, {}
+    if method == "entropy" and ctx.settings.protocol == "authors":  # draws at the cycle ends
+        p = ctx.plan
+        keep = cycle_end_draws(p.num_draws, p.draws_per_cycle, ENTROPY_AUTHORS_DRAWS_PER_CYCLE)
+        samples = {k: v[keep] for k, v in samples.items()}
+        idata = idata.isel(draw=keep)
+        notes = {"protocol": "authors", "temperature": ENTROPY_AUTHORS_TEMPERATURE,
+                 "schedule": (f"cosine cycles of {p.cycle_length} steps from "
+                              f"{2 * ctx.settings.lr:g}/N"),
+                 "draws_per_cycle": len(keep) // max(p.num_cycles - p.warmup_cycles, 1)}
+    if method == "entropy":  # the authors' model average: theta and theta_a draws
+        from pyro_flat.infer.mcmc.entropy import select_draws
+
+        samples = select_draws(samples, "both")
     if method == "contour":  # importance weights back to the posterior: softmax(log_weight)
         import torch
 
@@ -155,7 +194,8 @@ METHODS = [
            "noiseless, draws at the end of each cycle (Zhang et al. 2020)", run_kernel,
            aliases=("cyclical-sgld", "cyclicalsgld", "cyclical_sgld")),
     Method("entropy", "EntropyMCMC: SGLD coupled to a guiding copy, eta = 40*lr/N; "
-           "averages theta and guide draws (Li & Zhang 2024)", run_kernel),
+           "averages theta and guide draws; with --protocol authors cosine cycles at T = 1e-4, "
+           "2 draws at the end of each cycle (Li & Zhang 2024)", run_kernel),
     Method("sasgld", "sharpness-aware SGLD, rho = 0.05, two gradients per step "
            "(Nguyen et al. 2023)", run_kernel, grads_per_step=2),
     Method("contour", f"ContourSGLD: SGLD on the flattened target, {CONTOUR_BINS} energy "
