@@ -59,3 +59,16 @@ def test_tables_and_figure(tmp_path):
     assert seeds.write_figure(tmp_path, pairs) == [seeds.FIGURE]
     assert (tmp_path / seeds.FIGURE).stat().st_size > 0
     assert seeds.write_figure(tmp_path, []) == []
+
+
+def test_no_significance_from_two_seeds_or_no_spread():
+    """Two seeds with equal differences (accuracy moved by the same 3 test points) have a zero
+    standard error: no interval to speak of, so no mark; three seeds with equal differences
+    neither."""
+    for k in (2, 3):
+        by_seed = {s: [row("sgld", 0.9 + 0.01 * s), row("sasgld", 0.9067 + 0.01 * s)]
+                   for s in range(k)}
+        (p,) = seeds.paired_differences(by_seed)
+        assert p["accuracy"] == pytest.approx(0.0067) and not p["accuracy_significant"]
+    by_seed = {s: [row("sgld", 1.0), row("sasgld", 1.0 - 0.1 - 0.001 * s)] for s in range(2)}
+    assert not seeds.paired_differences(by_seed)[0]["nll_significant"]  # two seeds only

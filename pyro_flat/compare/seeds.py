@@ -10,7 +10,10 @@ differences :math:`d_s = x_s^{\text{method}} - x_s^{\text{baseline}}` over the s
 succeeded: both runs of a seed share the data and the seed, so the seed-to-seed variation that
 both share cancels and :math:`\bar d \pm s_d/\sqrt{K}` is sharper than the difference of the two
 means. The 95% interval is :math:`\bar d \pm t_{0.975, K-1}\, s_d/\sqrt{K}` (Student's
-:math:`t`): a difference is called significant when the interval excludes zero.
+:math:`t`): a difference is called significant when the interval excludes zero, over at least
+:data:`MIN_SEEDS_FOR_SIGNIFICANCE` seeds with differences that vary (two seeds whose differences
+happen to be equal, as a discrete metric like accuracy often gives, have a zero standard error
+and an interval that says nothing).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ PAIRS: tuple[tuple[str, str], ...] = (
 HIGHER_IS_BETTER = frozenset({"accuracy", "ood_auroc"})
 #: The figure of the paired differences.
 FIGURE = "paired_differences.png"
+#: Seeds needed before a paired difference is called significant.
+MIN_SEEDS_FOR_SIGNIFICANCE = 3
 
 
 def _ok(rows: Sequence[Mapping]) -> dict[str, Mapping]:
@@ -121,8 +126,10 @@ def paired_differences(rows_by_seed: Mapping[int, Sequence[Mapping]],
             half = t_quantile(0.975, n - 1) * se if n > 1 else math.nan
             row[metric], row[f"{metric}_se"] = mean, se
             row[f"{metric}_low"], row[f"{metric}_high"] = mean - half, mean + half
-            # se = 0 (identical differences) has the interval [mean, mean]
-            row[f"{metric}_significant"] = bool(n > 1 and (mean - half > 0 or mean + half < 0))
+            # differences equal up to float rounding (a discrete metric) have no spread to test
+            spread = se > 1e-9 * abs(mean)
+            row[f"{metric}_significant"] = bool(
+                n >= MIN_SEEDS_FOR_SIGNIFICANCE and spread and (mean - half > 0 or mean + half < 0))
         out.append(row)
     return out
 
