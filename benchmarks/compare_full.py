@@ -9,6 +9,8 @@ Run::
 
     .venv/bin/python benchmarks/compare_full.py                  # --budget full, ~10 min CPU
     .venv/bin/python benchmarks/compare_full.py --budget 4000 --name compare_quick
+    .venv/bin/python benchmarks/compare_full.py --dataset digits --seeds 5 --equal steps \
+        --name compare_digits_5seeds   # means, standard errors and paired differences
 
 The committed table compares the methods at equal gradient evaluations (``--equal grads``, this
 script's default); ``--equal steps`` is the command's default protocol.
@@ -37,7 +39,7 @@ import torch
 from pyro_flat import __version__, cli
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FIGURES = ("reliability.png", "uncertainty.png", "loss_slices.png")
+FIGURES = ("reliability.png", "uncertainty.png", "loss_slices.png", "paired_differences.png")
 
 
 def _cpu_model() -> str:
@@ -65,13 +67,17 @@ def main() -> int:
     parser.add_argument("--methods", default=None)
     parser.add_argument("--equal", default="grads", choices=("steps", "grads"),
                         help="the budget's unit (default grads: the committed table's protocol)")
+    parser.add_argument("--seeds", default="1", help="seeds SEED, ..., SEED + K - 1")
+    parser.add_argument("--protocol", default="shared", choices=("shared", "authors"))
+    parser.add_argument("--model", default="mlp", choices=("mlp", "cnn"))
     parser.add_argument("--name", default="compare_full", help="results file stem")
     parser.add_argument("--out", default=None, help="keep the run's folder here")
     args = parser.parse_args()
 
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="compare-")) / "run"
     argv = ["compare", "--budget", args.budget, "--dataset", args.dataset, "--seed", args.seed,
-            "--equal", args.equal, "--out", str(out), "--no-progress"]
+            "--equal", args.equal, "--seeds", args.seeds, "--protocol", args.protocol,
+            "--model", args.model, "--out", str(out), "--no-progress"]
     if args.methods:
         argv += ["--methods", args.methods]
     load_before = os.getloadavg()
@@ -101,13 +107,19 @@ def main() -> int:
     notes = result.get("method_notes", {})
     plan = result["plan"]
     steps = plan["thin"] * (plan["num_draws"] + plan["warmup_draws"])
+    unit = "SG steps" if plan.get("unit", "grads") == "steps" else "gradient evaluations"
+    seeds = result.get("seeds", [result["seed"]])
+    seed_text = (f"seed {seeds[0]}" if len(seeds) == 1 else
+                 f"{len(seeds)} seeds ({seeds[0]}-{seeds[-1]}): mean ± standard error, and paired "
+                 "differences with 95% Student t intervals (* excludes zero)")
     md = [
         f"# `{command}`",
         "",
         f"{result['dataset']}: {result['num_train']} train, {result['num_test']} test, "
         f"{result['num_ood']} OOD ({result['ood']}); {result['architecture']}; "
-        f"{steps} gradient evaluations per method, "
-        f"{result['plan']['num_draws']} kept draws, seed {result['seed']}.",
+        f"{steps} {unit} per method, "
+        f"{result['plan']['num_draws']} kept draws, {seed_text}; protocol "
+        f"{result['settings'].get('protocol', 'shared')}.",
         "",
         table.rstrip(),
         "",
@@ -115,7 +127,7 @@ def main() -> int:
         "the members). Sharpness: mean over draws of L(theta + 0.05 g/|g|) - L(theta) on the "
         "first 1000 training points. Settings: `pyro_flat.cli` docstring and the JSON file.",
         "",
-        f"Method notes: {json.dumps(notes)}" if notes else "",
+        f"Method notes: {json.dumps(notes)}" if any(notes.values()) else "",
         "",
         f"Run on {env['date']}: {env['cpu']}, {env['cores']} cores, torch {env['torch']}, "
         f"pyro {env['pyro']}, one torch thread per process, {result['jobs']} methods at a "
@@ -124,7 +136,8 @@ def main() -> int:
         f"{env['load_average_after'][0]} after (the machine was shared: wall times of single "
         "methods are inflated by other work, CPU time is the better measure).",
         "",
-        f"Figures: {', '.join(f'`{args.name}_{f}`' for f in FIGURES)}.",
+        f"Figures: {', '.join(f'`{args.name}_{f}`' for f in FIGURES if (out / f).exists())}"
+        + (f" (the per-method figures of seed {seeds[0]})." if len(seeds) > 1 else "."),
         "",
     ]
     (RESULTS / f"{args.name}.md").write_text("\n".join(md))
