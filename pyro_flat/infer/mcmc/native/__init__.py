@@ -121,6 +121,13 @@ def _ptr(t: torch.Tensor, kind: Any = _float_p) -> Any:
     return ctypes.cast(t.data_ptr(), kind)
 
 
+@functools.lru_cache(maxsize=64)
+def _bounds(segments: tuple[tuple[int, int], ...]) -> torch.Tensor:
+    """The segments' starts and stops as a ``(2, k)`` int64 tensor, made once per segmentation
+    (the pass runs twice per SG step)."""
+    return torch.tensor(segments, dtype=torch.int64).T.contiguous()
+
+
 def meta_rows(x: torch.Tensor, segments: Sequence[tuple[int, int]], first: torch.Tensor,
               b0: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w_out: torch.Tensor,
               b_out: float, out: torch.Tensor) -> torch.Tensor:
@@ -131,8 +138,7 @@ def meta_rows(x: torch.Tensor, segments: Sequence[tuple[int, int]], first: torch
     lib = _load()[0]
     if lib is None:  # pragma: no cover - callers check applies() first
         raise RuntimeError(f"the native kernel is not available: {status()}")
-    bounds = torch.tensor(segments, dtype=torch.int64).T.contiguous()
-    starts, stops = bounds
+    starts, stops = _bounds(tuple(map(tuple, segments)))
     lib.meta_rows_segments(_ptr(x.T), x.shape[0], len(segments), _ptr(starts, _int64_p),
                            _ptr(stops, _int64_p), _ptr(first), _ptr(b0), _ptr(w1), _ptr(b1),
                            _ptr(w_out), b_out, _ptr(out))
