@@ -11,6 +11,8 @@ Run::
     .venv/bin/python benchmarks/compare_full.py --budget 4000 --name compare_quick
     .venv/bin/python benchmarks/compare_full.py --dataset digits --seeds 5 --equal steps \
         --name compare_digits_5seeds   # means, standard errors and paired differences
+    .venv/bin/python benchmarks/compare_full.py --dataset digits --seeds 5 --equal steps \
+        --budget 5000 --tune --name evidence_digits   # the evidence protocol (README)
 
 The committed table compares the methods at equal gradient evaluations (``--equal grads``, this
 script's default); ``--equal steps`` is the command's default protocol.
@@ -70,6 +72,8 @@ def main() -> int:
     parser.add_argument("--seeds", default="1", help="seeds SEED, ..., SEED + K - 1")
     parser.add_argument("--protocol", default="shared", choices=("shared", "authors"))
     parser.add_argument("--model", default="mlp", choices=("mlp", "cnn"))
+    parser.add_argument("--tune", action="store_true",
+                        help="choose each method's hyper-parameters on a validation split first")
     parser.add_argument("--name", default="compare_full", help="results file stem")
     parser.add_argument("--out", default=None, help="keep the run's folder here")
     args = parser.parse_args()
@@ -80,6 +84,8 @@ def main() -> int:
             "--model", args.model, "--out", str(out), "--no-progress"]
     if args.methods:
         argv += ["--methods", args.methods]
+    if args.tune:
+        argv += ["--tune"]
     load_before = os.getloadavg()
     wall, cpu = time.perf_counter(), _cpu_seconds()
     code = cli.main(argv)

@@ -127,6 +127,7 @@ from pyro_flat.compare.evaluation import METRICS
 from pyro_flat.compare.models import MODELS, build_cnn, build_mlp
 from pyro_flat.compare.output import COLUMNS, format_table, output_problem
 from pyro_flat.compare.run import Options, compare
+from pyro_flat.compare.tuning import tuning_plan
 
 __all__ = [
     "BUDGETS", "COLUMNS", "METRICS", "Budget", "Plan", "Settings",
@@ -328,6 +329,14 @@ def _build_parser() -> _Parser:
               "T = 1e-4, its 2 last draws of each cycle kept) (default: %(default)s)"),
     )
     compare_parser.add_argument(
+        "--tune", action="store_true",
+        help=("choose each method's hyper-parameters on a validation split first: 20%% of the "
+              "training set held out, 4 candidates per method (step size, and the radius, "
+              "coupling or flattening of the flat-seeking methods) at a quarter of the budget "
+              "each, the lowest validation NLL kept; the choices are written with the results "
+              "(pyro_flat.compare.tuning)"),
+    )
+    compare_parser.add_argument(
         "--seed", default=0, type=_seed,
         help="seed of the data split and of every method (default: %(default)s)",
     )
@@ -410,6 +419,8 @@ def compare_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     budget = dataclasses.replace(budget, unit=args.equal)
     settings = Settings(protocol=args.protocol)
     plan = make_plan(budget, settings.exploration_fraction)
+    if args.tune:
+        opts.tune_plan = tuning_plan(budget, settings.exploration_fraction)
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:

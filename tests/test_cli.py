@@ -319,7 +319,7 @@ def test_torchvision_data_set_without_its_files(tmp_path, monkeypatch):
 
 
 def test_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
-    def broken_writer(folder, rows, meta, draws):
+    def broken_writer(folder, rows, meta, draws, **kwargs):
         (folder / "results.csv").write_text("half")
         raise OSError("disk full")
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-#: The radius of the sharpness-aware ascent steps (SASGLD, SAM, SharpnessAwareELBO) and of the
-#: measured sharpness.
+#: The radius of the measured sharpness, and the default radius of the sharpness-aware ascent
+#: steps (SASGLD, SAM, SharpnessAwareELBO: ``Settings.rho``).
 RHO = 0.05
 #: Training points on which the sharpness and the loss slices are measured (the first ones).
 SHARPNESS_POINTS = 1000
-#: EntropyMCMC's step_size / eta, the authors' CIFAR-10 ratio (lr 0.5 over 50,000, eta 4e-4).
+#: EntropyMCMC's default step_size / eta, the authors' CIFAR-10 ratio (lr 0.5 over 50,000,
+#: eta 4e-4): ``Settings.entropy_step_over_eta``.
 ENTROPY_STEP_OVER_ETA = 0.025
 #: ``protocol="authors"``: EntropyMCMC's temperature and the draws it keeps at the end of each
 #: cosine cycle (the authors' CIFAR-10 run: T = 1e-4, 4 cycles, 2 draws of theta and theta_a).
@@ -60,7 +61,8 @@ MIN_STEPS = 20
 
 @dataclass(frozen=True)
 class Settings:
-    """The hyperparameters shared by every method (see :mod:`pyro_flat.compare`)."""
+    """The hyperparameters of every method (see :mod:`pyro_flat.compare`); ``--tune`` chooses
+    some of them per method on a validation split (:mod:`pyro_flat.compare.tuning`)."""
 
     hidden: tuple[int, ...] = (100, 100)
     channels: tuple[int, ...] = (16, 32)
@@ -76,6 +78,14 @@ class Settings:
     swag_scale: float = 0.5
     swag_max_rank: int = 20
     protocol: str = "shared"
+    #: the radius of the sharpness-aware steps (SASGLD, F-SWAG, F-ensembles, F-SGVB)
+    rho: float = RHO
+    #: EntropyMCMC's step size over its coupling variance eta
+    entropy_step_over_eta: float = ENTROPY_STEP_OVER_ETA
+    #: ContourSGLD's flattening exponent
+    contour_zeta: float = 0.75
+    #: L2E's step size is sqrt(l2e_step_mult / N)
+    l2e_step_mult: float = 2.0
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,7 @@ from pyro_flat.compare.common import Context, Fit, Method
 from pyro_flat.compare.config import (
     ENTROPY_AUTHORS_DRAWS_PER_CYCLE,
     ENTROPY_AUTHORS_TEMPERATURE,
-    ENTROPY_STEP_OVER_ETA,
-    RHO,
+    Settings,
 )
 
 if TYPE_CHECKING:
@@ -69,11 +68,12 @@ def _entropy(model: BNN, ctx: Context) -> Built:
     step = s.lr / ctx.num_train
     if s.protocol == "authors":  # cosine cycles (mean step lr / N), T = 1e-4
         schedule = partial(cosine_step, base=2 * step, cycle_length=p.cycle_length)
-        kernel = EntropyMCMC(model, step_size_schedule=schedule, eta=step / ENTROPY_STEP_OVER_ETA,
+        kernel = EntropyMCMC(model, step_size_schedule=schedule,
+                             eta=step / s.entropy_step_over_eta,
                              num_steps_per_sample=p.thin,
                              temperature=ENTROPY_AUTHORS_TEMPERATURE)
     else:
-        kernel = EntropyMCMC(model, step_size=step, eta=step / ENTROPY_STEP_OVER_ETA,
+        kernel = EntropyMCMC(model, step_size=step, eta=step / s.entropy_step_over_eta,
                              num_steps_per_sample=p.thin, temperature=s.temperature)
     return kernel, p.num_draws, p.warmup_draws, 1
 
@@ -94,18 +94,18 @@ def _sasgld(model: BNN, ctx: Context) -> Built:
     from pyro_flat.infer import SASGLD
 
     s, p = ctx.settings, ctx.plan  # two gradients per step: half SGLD's steps at equal grads
-    kernel = SASGLD(model, step_size=s.lr / ctx.num_train, rho=RHO, temperature=s.temperature,
+    kernel = SASGLD(model, step_size=s.lr / ctx.num_train, rho=s.rho,
+                    temperature=s.temperature,
                     num_steps_per_sample=max(p.thin // p.divisor(2), 1))
     return kernel, p.num_draws, p.warmup_draws, 2
 
 
 #: ContourSGLD's energy partition: bins placed from the warmup energies (``auto_bins``), and
-#: the paper's flattening. At the energy scale of these BNNs (bins about 100 nats wide) the
-#: multiplier stays near 1, so the chain is close to SGLD; a strong flattening (``zeta = 20``
-#: with BlackJAX's gain) leaves few effective draws in the importance weights and loses
-#: accuracy (``benchmarks/README.md``, "Notes on design choices").
+#: the paper's flattening (``Settings.contour_zeta``, default 0.75). At the energy scale of
+#: these BNNs (bins about 100 nats wide) the multiplier stays near 1, so the chain is close to
+#: SGLD; a strong flattening (``zeta = 20`` with BlackJAX's gain) leaves few effective draws in
+#: the importance weights and loses accuracy (``benchmarks/README.md``, "Notes on design choices").
 CONTOUR_BINS = 100
-CONTOUR_ZETA = 0.75
 
 
 def _contour(model: BNN, ctx: Context) -> Built:
@@ -113,7 +113,7 @@ def _contour(model: BNN, ctx: Context) -> Built:
 
     s, p = ctx.settings, ctx.plan
     kernel = ContourSGLD(model, step_size=s.lr / ctx.num_train, num_bins=CONTOUR_BINS,
-                         auto_bins=True, zeta=CONTOUR_ZETA, num_steps_per_sample=p.thin,
+                         auto_bins=True, zeta=s.contour_zeta, num_steps_per_sample=p.thin,
                          temperature=s.temperature)
     return kernel, p.num_draws, p.warmup_draws, 1
 
@@ -122,7 +122,8 @@ def _l2e(model: BNN, ctx: Context) -> Built:
     from pyro_flat.infer import L2E
 
     s, p = ctx.settings, ctx.plan
-    kernel = L2E(model, num_steps_per_sample=p.thin, temperature=s.temperature)
+    kernel = L2E(model, step_mult=s.l2e_step_mult, num_steps_per_sample=p.thin,
+                 temperature=s.temperature)
     return kernel, p.num_draws, p.warmup_draws, 1
 
 
@@ -199,7 +200,8 @@ METHODS = [
     Method("sasgld", "sharpness-aware SGLD, rho = 0.05, two gradients per step "
            "(Nguyen et al. 2023)", run_kernel, grads_per_step=2),
     Method("contour", f"ContourSGLD: SGLD on the flattened target, {CONTOUR_BINS} energy "
-           f"bins from warmup, zeta = {CONTOUR_ZETA}; reweighted draws (Deng et al. 2020)",
+           f"bins from warmup, zeta = {Settings.contour_zeta}; reweighted draws "
+           "(Deng et al. 2020)",
            run_kernel, requires=("ContourSGLD",)),
     Method("l2e", "L2E: the meta-learned sampler with its shipped meta-parameters, step "
            "sqrt(2/N), friction 0.1 (Kim et al. 2024)", run_kernel, requires=("L2E",), cost=4.0),

@@ -6,7 +6,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ class Options:
     jobs: int = 1  # methods run at a time, each in a worker process (CPU only)
     download: bool = False  # let torchvision fetch missing files (mnist, fashion_mnist, cifar10)
     seeds: int = 1  # seeds seed, seed + 1, ..., each running every method
+    tune_plan: Plan | None = None  # --tune: the plan of each candidate (tuning.tuning_plan)
 
 
 def _say(message: str, end: str = "\n") -> None:
@@ -54,17 +55,20 @@ def _failed_row(start: float, cpu: float, err: BaseException) -> dict:
 Outcome = tuple[dict, Evaluation | None, Any, dict]
 
 
-def run_method(name: str, ctx: Context) -> Outcome:
-    """Run, evaluate and export one method; a failure becomes a ``failed`` row."""
+def run_method(name: str, ctx: Context, export: bool = True) -> Outcome:
+    """Run, evaluate and (with ``export``) export one method; a failure becomes a ``failed``
+    row."""
     from pyro_flat import to_arviz
 
     start, cpu = time.perf_counter(), time.process_time()
     try:
         fit = registry.ALL[name].run(name, ctx)
         ev = evaluate(fit, ctx.data, ctx.seed)
-        idata = fit.idata if fit.idata is not None else to_arviz(
-            # a fresh model with the same sites (net.*): the draws replace all its weights
-            fit.samples, model=ctx.bnn(), model_args=(ctx.data.x_test, ctx.data.y_test))
+        idata = None
+        if export:
+            idata = fit.idata if fit.idata is not None else to_arviz(
+                # a fresh model with the same sites (net.*): the draws replace all its weights
+                fit.samples, model=ctx.bnn(), model_args=(ctx.data.x_test, ctx.data.y_test))
     except Exception as err:  # e.g. a chain that diverged: report it, keep the others
         return _failed_row(start, cpu, err), None, None, {}
     row = {**ev.metrics, "grad_evals": fit.grad_evals,
@@ -72,6 +76,17 @@ def run_method(name: str, ctx: Context) -> Outcome:
            "wall_time_s": time.perf_counter() - start,
            "cpu_time_s": time.process_time() - cpu, "status": "ok"}
     return row, ev, idata, fit.notes
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of one method: ``label`` names it in the progress lines, ``ctx`` holds its
+    data, settings and plan; ``export`` asks for its ArviZ draws."""
+
+    label: str
+    method: str
+    ctx: Context
+    export: bool = True
 
 
 def warm_up(threads: int | None = None) -> None:
@@ -109,34 +124,48 @@ def _init_worker(threads: int, parent: int, counter: Any) -> None:
     warm_up(threads)
 
 
-def _worker(name: str, ctx: Context, threads: int) -> Outcome:
+def _worker(job: Job, threads: int) -> Outcome:
     """:func:`run_method` in a worker process (one per CPU core, ``--jobs``)."""
     torch.set_num_threads(threads)
-    return run_method(name, ctx)
+    return run_method(job.method, job.ctx, job.export)
 
 
 def _summary(row: dict) -> str:
     if row["status"] != "ok":
         return f"failed after {row['wall_time_s']:.1f} s: {row['status'][8:]}"
-    return f"{row['wall_time_s']:.1f} s, accuracy {row['accuracy']:.3f}"
+    score = (f"accuracy {row['accuracy']:.3f}" if "accuracy" in row
+             else f"NLL {row['nll']:.3f}")
+    return f"{row['wall_time_s']:.1f} s, {score}"
 
 
 def _label(name: str) -> str:
     return "sgd (MAP reference)" if name == registry.BASELINE else name
 
 
-def _run_in_order(todo: list[str], ctx: Context, progress: bool | None) -> dict[str, Outcome]:
+def _grads(job: Job) -> int:
+    """The gradient evaluations ``job`` will report to the progress bar."""
+    plan = job.ctx.plan
+    return plan.steps * (registry.ALL[job.method].grads_per_step if plan.unit == "steps" else 1)
+
+
+def run_jobs(jobs: list[Job], workers: int, threads: int,
+             progress: bool | None) -> dict[str, Outcome]:
+    """Every job, in order in this process (``workers == 1``) or in ``workers`` worker
+    processes; the outcomes by label."""
+    if workers > 1 and len(jobs) > 1:
+        return _run_in_parallel(jobs, workers, threads, progress)
+    warm_up()
     outcomes = {}
-    for i, name in enumerate(todo, 1):
-        _say(f"[{i}/{len(todo)}] {_label(name)} ...", end="\n" if progress else " ")
-        outcomes[name] = run_method(name, ctx)
-        _say(_summary(outcomes[name][0]))
+    for i, job in enumerate(jobs, 1):
+        _say(f"[{i}/{len(jobs)}] {_label(job.label)} ...", end="\n" if progress else " ")
+        outcomes[job.label] = run_method(job.method, job.ctx, job.export)
+        _say(_summary(outcomes[job.label][0]))
     return outcomes
 
 
-def _run_in_parallel(todo: list[str], ctx: Context, jobs: int, threads: int,
+def _run_in_parallel(jobs: list[Job], workers: int, threads: int,
                      progress: bool | None) -> dict[str, Outcome]:
-    """Each method in one of ``jobs`` worker processes, the costliest first.
+    """Each job in one of ``workers`` worker processes, the costliest first.
 
     Every method seeds itself, so its numbers do not depend on the process it runs in. The
     progress bar counts the gradient evaluations of all workers together.
@@ -151,20 +180,18 @@ def _run_in_parallel(todo: list[str], ctx: Context, jobs: int, threads: int,
     if show:
         from tqdm.auto import tqdm
 
-        total = sum(ctx.plan.steps * (registry.ALL[n].grads_per_step if ctx.plan.unit == "steps"
-                                      else 1) for n in todo)
-        bar = tqdm(total=total, desc=f"{len(todo)} methods", unit="grad",
+        bar = tqdm(total=sum(map(_grads, jobs)), desc=f"{len(jobs)} runs", unit="grad",
                    file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
     say = bar.write if bar is not None else _say
-    ctx = replace(ctx, show_progress=False)
-    order = sorted(todo, key=lambda n: -registry.ALL[n].cost)
+    jobs = [replace(job, ctx=replace(job.ctx, show_progress=False)) for job in jobs]
+    order = sorted(jobs, key=lambda j: -registry.ALL[j.method].cost * _grads(j))
     outcomes: dict[str, Outcome] = {}
     start = time.perf_counter()
     try:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=mp,
+        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=mp,
                                  initializer=_init_worker,
                                  initargs=(threads, os.getpid(), counter)) as pool:
-            futures = {pool.submit(_worker, name, ctx, threads): name for name in order}
+            futures = {pool.submit(_worker, job, threads): job.label for job in order}
             pending = set(futures)
             while pending:
                 done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
@@ -172,14 +199,14 @@ def _run_in_parallel(todo: list[str], ctx: Context, jobs: int, threads: int,
                     bar.n = min(counter.value, bar.total)
                     bar.refresh()
                 for future in done:
-                    name = futures[future]
+                    label = futures[future]
                     try:
-                        outcomes[name] = future.result()
+                        outcomes[label] = future.result()
                     except Exception as err:  # the worker process died
-                        outcomes[name] = (_failed_row(start, time.process_time(), err),
-                                          None, None, {})
-                    say(f"[{len(outcomes)}/{len(todo)}] {_label(name)}: "
-                        f"{_summary(outcomes[name][0])}")
+                        outcomes[label] = (_failed_row(start, time.process_time(), err),
+                                           None, None, {})
+                    say(f"[{len(outcomes)}/{len(jobs)}] {_label(label)}: "
+                        f"{_summary(outcomes[label][0])}")
     finally:
         if bar is not None:
             bar.close()
@@ -198,6 +225,37 @@ class SeedRun:
     draws: dict[str, Any]
     evaluations: dict[str, Evaluation]
     notes: dict[str, dict]
+    tuning: dict[str, dict] = field(default_factory=dict)
+
+
+def tune(opts: Options, data: Any, settings: Settings, seed: int, todo: list[str],
+         workers: int) -> tuple[dict[str, Settings], dict[str, dict]]:
+    """``--tune``: every candidate of every method of ``todo`` on the validation split of
+    ``data`` (:mod:`pyro_flat.compare.tuning`); each method's chosen settings and its trials."""
+    from pyro_flat.compare import tuning
+
+    val = tuning.validation_split(data, seed)
+    plan = opts.tune_plan
+    _say(f"tuning on a validation split ({val.num_train} train, {val.num_test} validation), "
+         f"{tuning.CANDIDATES} candidates per method at {plan.steps} SG steps each")
+    jobs, values = [], {}
+    for name in todo:
+        for i, candidate in enumerate(tuning.candidates(name, settings), 1):
+            label = f"{name} [tune {i}/{tuning.CANDIDATES}]"
+            values[label] = candidate
+            ctx = Context(val, replace(settings, **candidate), plan, seed, opts.model,
+                          opts.progress)
+            jobs.append(Job(label, name, ctx, export=False))
+    outcomes = run_jobs(jobs, workers, opts.threads, opts.progress)
+    chosen, report = {}, {}
+    for name in todo:
+        trials = [{"values": values[job.label], "status": outcomes[job.label][0]["status"],
+                   "nll": outcomes[job.label][0]["nll"]} for job in jobs if job.method == name]
+        best = tuning.choose(name, trials)
+        chosen[name] = replace(settings, **best)
+        report[name] = {"chosen": best or "defaults (every candidate failed)",
+                        "trials": trials}
+    return chosen, report
 
 
 def run_seed(opts: Options, settings: Settings, plan: Plan, seed: int) -> SeedRun | None:
@@ -221,13 +279,13 @@ def run_seed(opts: Options, settings: Settings, plan: Plan, seed: int) -> SeedRu
         f"{plan.num_draws} kept draws, seed {seed}"
         + (f", {jobs} methods at a time" if jobs > 1 else "")
     )
-    ctx = Context(data, settings, plan, seed, opts.model, opts.progress)
     todo = [*opts.methods, registry.BASELINE]
-    if jobs > 1 and len(todo) > 1:
-        outcomes = _run_in_parallel(todo, ctx, jobs, opts.threads, opts.progress)
-    else:
-        warm_up()
-        outcomes = _run_in_order(todo, ctx, opts.progress)
+    chosen, tuning_report = dict.fromkeys(todo, settings), {}
+    if opts.tune_plan is not None:
+        chosen, tuning_report = tune(opts, data, settings, seed, todo, jobs)
+    outcomes = run_jobs(
+        [Job(name, name, Context(data, chosen[name], plan, seed, opts.model, opts.progress))
+         for name in todo], jobs, opts.threads, opts.progress)
     rows, draws, evaluations, notes = [], {}, {}, {}
     for name in todo:  # the table keeps the order of the methods
         row, ev, idata, note = outcomes[name]
@@ -236,7 +294,7 @@ def run_seed(opts: Options, settings: Settings, plan: Plan, seed: int) -> SeedRu
             evaluations[name], draws[name] = ev, idata
         if note:
             notes[name] = note
-    return SeedRun(seed, data, arch, jobs, rows, draws, evaluations, notes)
+    return SeedRun(seed, data, arch, jobs, rows, draws, evaluations, notes, tuning_report)
 
 
 def compare(opts: Options, settings: Settings, plan: Plan) -> int:
@@ -311,6 +369,21 @@ def compare(opts: Options, settings: Settings, plan: Plan) -> int:
                      "95% t interval excludes 0)\n\n" + seeds.format_paired(pairs))
     else:
         text = output.format_table(rows)
+    if opts.tune_plan is not None:
+        from pyro_flat.compare import tuning
+
+        reports = {run.seed: run.tuning for run in runs}
+        meta["tuning"] = {
+            "protocol": tuning.PROTOCOL,
+            "validation_fraction": tuning.VALIDATION_FRACTION,
+            "candidates_per_method": tuning.CANDIDATES,
+            "plan_per_candidate": asdict(opts.tune_plan),
+            "search_factors": {m: tuning.SEARCH[m] for m in [*opts.methods, registry.BASELINE]},
+            "by_seed": reports,
+        }
+        text += ("\n\nhyper-parameters chosen on the validation split (lowest validation NLL of "
+                 f"{tuning.CANDIDATES} candidates per method)\n\n"
+                 + tuning.format_choices(reports))
     print(text, flush=True)
 
     def write(folder: Path) -> None:
@@ -321,7 +394,7 @@ def compare(opts: Options, settings: Settings, plan: Plan) -> int:
                                             for m, d in run.draws.items()})
             seeds.write_figure(folder, pairs)
         else:
-            output.write_results(folder, rows, meta, first.draws)
+            output.write_results(folder, rows, meta, first.draws, markdown=text)
         figures.write_figures(folder, first.evaluations, data.y_test.cpu())
 
     try:

@@ -144,7 +144,7 @@ _HEADERS = {"accuracy": "accuracy", "nll": "NLL", "ece": "ECE", "brier": "Brier"
             "ood_auroc": "OOD AUROC", "sharpness": "sharpness"}
 
 
-def _markdown(header: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
+def markdown_table(header: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
 
     def fmt(cells: Sequence[str]) -> str:
@@ -165,7 +165,7 @@ def format_summary(summary: Sequence[Mapping]) -> str:
               "-" if math.isnan(r["grad_evals"]) else f"{r['grad_evals']:.0f}",
               "-" if math.isnan(r["wall_time_s"]) else f"{r['wall_time_s']:.1f}",
               str(r["seeds"])) for r in summary]
-    return _markdown(header, lines)
+    return markdown_table(header, lines)
 
 
 def format_paired(pairs: Sequence[Mapping]) -> str:
@@ -176,7 +176,7 @@ def format_paired(pairs: Sequence[Mapping]) -> str:
         cells = [_cell(r[m], r[f"{m}_se"]) + (" *" if r[f"{m}_significant"] else "")
                  for m in METRICS]
         lines.append((f"{r['method']} - {r['baseline']}", *cells, str(r["seeds"])))
-    return _markdown(header, lines)
+    return markdown_table(header, lines)
 
 
 def write_figure(folder: Path, pairs: Sequence[Mapping], dpi: int = 80) -> list[str]:

@@ -17,7 +17,6 @@ from collections.abc import Callable
 import torch
 
 from pyro_flat.compare.common import Context, Fit, Method, point_draws
-from pyro_flat.compare.config import RHO
 
 
 def _param_groups(net: torch.nn.Module, ctx: Context) -> list[dict]:
@@ -52,7 +51,7 @@ def train_map(
     n, b = ctx.num_train, min(s.batch_size, ctx.num_train)
     kwargs = dict(lr=s.lr * (1 - s.momentum), momentum=s.momentum)
     groups = _param_groups(net, ctx)
-    opt = (SAM(groups, torch.optim.SGD, rho=RHO, **kwargs) if sam
+    opt = (SAM(groups, torch.optim.SGD, rho=s.rho, **kwargs) if sam
            else torch.optim.SGD(groups, **kwargs))
     device = data.x_train.device
     perm, pos = None, n

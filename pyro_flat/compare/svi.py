@@ -21,7 +21,6 @@ of one per weight tensor: one draw and one optimiser update per step).
 from __future__ import annotations
 
 from pyro_flat.compare.common import Context, Fit, Method
-from pyro_flat.compare.config import RHO
 
 
 def run_svi(method: str, ctx: Context) -> Fit:
@@ -43,7 +42,7 @@ def run_svi(method: str, ctx: Context) -> Fit:
     if method == "sa-elbo":
         from pyro_flat.infer import SharpnessAwareELBO
 
-        loss, per = SharpnessAwareELBO(rho=RHO), 2
+        loss, per = SharpnessAwareELBO(rho=s.rho), 2
     else:
         loss = LeanELBO()
     svi = SVI(model, guide, MultiTensorAdam({"lr": s.svi_lr}), loss)
