@@ -72,6 +72,8 @@ def main() -> int:
     parser.add_argument("--seeds", default="1", help="seeds SEED, ..., SEED + K - 1")
     parser.add_argument("--protocol", default="shared", choices=("shared", "authors"))
     parser.add_argument("--model", default="mlp", choices=("mlp", "cnn"))
+    parser.add_argument("--hidden", default=None, help="the MLP's hidden widths, e.g. 16")
+    parser.add_argument("--reference", default="none", choices=("none", "hmc"))
     parser.add_argument("--tune", action="store_true",
                         help="choose each method's hyper-parameters on a validation split first")
     parser.add_argument("--name", default="compare_full", help="results file stem")
@@ -86,6 +88,10 @@ def main() -> int:
         argv += ["--methods", args.methods]
     if args.tune:
         argv += ["--tune"]
+    if args.hidden:
+        argv += ["--hidden", args.hidden]
+    if args.reference != "none":
+        argv += ["--reference", args.reference]
     load_before = os.getloadavg()
     wall, cpu = time.perf_counter(), _cpu_seconds()
     code = cli.main(argv)

@@ -126,6 +126,7 @@ from pyro_flat.compare.config import (
 from pyro_flat.compare.evaluation import METRICS
 from pyro_flat.compare.models import MODELS, build_cnn, build_mlp
 from pyro_flat.compare.output import COLUMNS, format_table, output_problem
+from pyro_flat.compare.reference import REFERENCES
 from pyro_flat.compare.run import Options, compare
 from pyro_flat.compare.tuning import tuning_plan
 
@@ -185,6 +186,18 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
     return value
+
+
+def _widths(text: str) -> tuple[int, ...]:
+    """``"100,100"`` as ``(100, 100)``: one or more positive layer widths."""
+    try:
+        widths = tuple(int(w) for w in text.split(","))
+    except ValueError:
+        widths = ()
+    if not widths or min(widths) < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be comma-separated positive layer widths, e.g. 100,100 or 16, got {text!r}")
+    return widths
 
 
 def _methods(parser: argparse.ArgumentParser, text: str) -> list[str]:
@@ -373,6 +386,20 @@ def _build_parser() -> _Parser:
         ),
     )
     compare_parser.add_argument(
+        "--hidden", default=Settings.hidden, type=_widths, metavar="WIDTHS",
+        help=("widths of the MLP's hidden layers, comma-separated (default: "
+              f"{','.join(map(str, Settings.hidden))}; e.g. 16 for a network small enough "
+              "for --reference hmc)"),
+    )
+    compare_parser.add_argument(
+        "--reference", default="none", choices=REFERENCES,
+        help=("hmc: also sample each seed's posterior with full-batch NUTS (4 chains) and "
+              "score every method by its agreement and total variation (classification) or "
+              "Wasserstein-2 distance (regression) to the NUTS predictive; practical only for "
+              "small networks (--hidden 16 on digits or diabetes: minutes per seed) "
+              "(default: %(default)s; pyro_flat.compare.reference)"),
+    )
+    compare_parser.add_argument(
         "--jobs", default=DEFAULT_JOBS, type=_positive_int,
         help=(
             "methods run at a time, each in its own worker process with --threads threads "
@@ -411,13 +438,16 @@ def compare_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         jobs=args.jobs,
         download=args.download,
         seeds=args.seeds,
+        reference=args.reference,
     )
     if args.seed + args.seeds - 1 >= 2**32:
         parser.error(f"argument --seeds: the last seed {args.seed + args.seeds - 1} must be "
                      "below 2**32 (lower --seed or --seeds)")
     budget = BUDGETS[args.budget] if isinstance(args.budget, str) else Budget(steps=args.budget)
     budget = dataclasses.replace(budget, unit=args.equal)
-    settings = Settings(protocol=args.protocol)
+    if args.hidden != Settings.hidden and args.model != "mlp":
+        parser.error("argument --hidden: sets the MLP's hidden layers; --model cnn has its own")
+    settings = Settings(protocol=args.protocol, hidden=args.hidden)
     plan = make_plan(budget, settings.exploration_fraction)
     if args.tune:
         opts.tune_plan = tuning_plan(budget, settings.exploration_fraction)

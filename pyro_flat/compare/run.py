@@ -37,6 +37,7 @@ class Options:
     download: bool = False  # let torchvision fetch missing files (mnist, fashion_mnist, cifar10)
     seeds: int = 1  # seeds seed, seed + 1, ..., each running every method
     tune_plan: Plan | None = None  # --tune: the plan of each candidate (tuning.tuning_plan)
+    reference: str = "none"  # "hmc": score every method against a NUTS reference
 
 
 def _say(message: str, end: str = "\n") -> None:

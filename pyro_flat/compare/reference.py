@@ -1,0 +1,166 @@
+r"""``pyro-flat compare --reference hmc``: an HMC reference and each method's distance to it.
+
+Target: the exact posterior predictive :math:`p(y \mid x, \mathcal D)` of the compared
+network, as Izmailov et al. (2021) and the NeurIPS 2021 approximate-inference competition
+(Wilson et al. 2022) use it: how close is each method to the Bayesian answer?
+
+On each seed, after the methods, multi-chain NUTS (:func:`pyro_flat.hmc_reference.hmc_reference`)
+samples the same model, with the whole training set in every step (``BNN(...,
+subsample_size=None)``): :data:`NUM_CHAINS` chains of :data:`WARMUP_STEPS` adaptation steps
+and :data:`NUM_SAMPLES` draws, trees of depth at most :data:`MAX_TREE_DEPTH`, each chain from
+its own seed. Only a network small enough for full-batch NUTS is practical (``--hidden 16``
+on digits or diabetes on 2 cores: minutes per seed).
+
+Each method is then scored against the reference predictive on the test inputs:
+
+* classification: ``agreement``, the share of test points whose most probable class is the
+  reference's (:func:`pyro_flat.metrics.agreement`; higher is better), and ``tv``, the mean
+  total variation between the two predictive distributions
+  (:func:`pyro_flat.metrics.total_variation`; lower is better);
+* regression: ``w2``, the mean over test points of the 2-Wasserstein distance between the
+  method's predictive draws (:data:`PREDICTIVE_DRAWS` of them: the method's draws, resampled
+  by their weights, each with its observation noise) and the reference's (one per NUTS draw)
+  (:func:`pyro_flat.regression.wasserstein2`; lower is better).
+
+The reference itself is a row of the table (``hmc``), scored like the methods against the
+test labels, with its diagnostics in ``results.json``: the worst rank-normalised split R-hat
+over the weights (which symmetric hidden units make large whenever chains sit in different,
+equivalent modes) and over the *function*, the per-draw predictions on the test inputs (the
+log-likelihood of each test label, or the predictive mean), which is what the scores compare
+(Izmailov et al. 2021, section 4), the bulk ESS and the divergent transitions.
+
+References
+----------
+Izmailov, P., Vikram, S., Hoffman, M. D. & Wilson, A. G. (2021). What are Bayesian neural
+network posteriors really like? ICML. Wilson, A. G., Izmailov, P., Hoffman, M. D., et al.
+(2022). Evaluating approximate inference in Bayesian deep learning. NeurIPS 2021 Competitions
+and Demonstrations Track, PMLR 176.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from pyro_flat.compare.common import Context, Fit
+
+#: NUTS chains, adaptation steps and draws per chain, and the largest tree depth.
+NUM_CHAINS = 4
+WARMUP_STEPS = 200
+NUM_SAMPLES = 200
+MAX_TREE_DEPTH = 6
+#: Predictive draws of ``y`` per test point for a method's regression score.
+PREDICTIVE_DRAWS = 1000
+#: ``--reference`` choices.
+REFERENCES = ("none", "hmc")
+#: The score columns, by task.
+CLASSIFICATION_SCORES = ("agreement", "tv")
+REGRESSION_SCORES = ("w2",)
+
+
+def score_names(task: str) -> tuple[str, ...]:
+    """The columns the reference adds for ``task``."""
+    return CLASSIFICATION_SCORES if task == "classification" else REGRESSION_SCORES
+
+
+@dataclass
+class Reference:
+    """The reference's draws, predictive on the test inputs and diagnostics."""
+
+    fit: Fit  # the NUTS draws as a Fit of the full-batch model's network
+    model: Any  # the full-batch BNN
+    test_predictive: torch.Tensor  # (N, C) probabilities or (S, N) predictive draws
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+
+
+def full_batch_model(ctx: Context) -> Any:
+    """``ctx``'s Bayesian network and likelihood with all data in every run (NUTS's model)."""
+    from pyro_flat.bnn import BNN
+
+    model = ctx.bnn()
+    return BNN(model.net, model.likelihood, subsample_size=None)
+
+
+def per_draw_predictions(model: Any, samples: dict[str, torch.Tensor], x: torch.Tensor,
+                         y: torch.Tensor) -> torch.Tensor:
+    """``(S, N)`` function-space summaries of each draw on ``(x, y)``: the log-likelihood of
+    each label (classification) or the predictive mean (regression)."""
+    import pyro.poutine as poutine
+
+    out = []
+    with torch.no_grad():
+        for s in range(len(next(iter(samples.values())))):
+            draw = {k: v[s] for k, v in samples.items()}
+            output = poutine.condition(model.net, data=draw)(x)
+            d = model.likelihood.distribution(output, {})
+            out.append(d.log_prob(y) if y.dtype == torch.int64 else d.mean)
+    return torch.stack(out)
+
+
+def run_reference(ctx: Context, *, num_chains: int = NUM_CHAINS,
+                  warmup_steps: int = WARMUP_STEPS, num_samples: int = NUM_SAMPLES,
+                  max_tree_depth: int = MAX_TREE_DEPTH) -> Reference:
+    """NUTS on the full-batch model of ``ctx`` (seeded by ``ctx.seed``), its test predictive
+    and diagnostics."""
+    import pyro
+
+    from pyro_flat.hmc_reference import hmc_reference, reference_predictive, split_rhat
+
+    data = ctx.data
+    pyro.clear_param_store()
+    pyro.set_rng_seed(ctx.seed)
+    model = full_batch_model(ctx)
+    start = time.perf_counter()
+    ref = hmc_reference(model, data.x_train, data.y_train, num_chains=num_chains,
+                        num_samples=num_samples, warmup_steps=warmup_steps, seed=ctx.seed,
+                        on_failure="ignore", max_tree_depth=max_tree_depth, jit_compile=True,
+                        ignore_jit_warnings=True)
+    seconds = time.perf_counter() - start
+    samples = ref.samples
+    task = data.task
+    predictive = reference_predictive(model, samples, data.x_test, kind=task, seed=ctx.seed)
+    function = per_draw_predictions(model, samples, data.x_test, data.y_test)
+    function_rhat = split_rhat(function.reshape(num_chains, num_samples, -1))
+    diagnostics = {
+        "chains": num_chains, "warmup_steps": warmup_steps, "draws_per_chain": num_samples,
+        "max_tree_depth": max_tree_depth, "seconds": round(seconds, 1),
+        "max_rhat_weights": ref.max_rhat, "min_ess_bulk_weights": ref.min_ess_bulk,
+        "max_rhat_function": float(function_rhat.nan_to_num(float("inf")).max()),
+        "median_rhat_function": float(function_rhat.nanmedian()),
+        "divergences": ref.divergences, "chain_seeds": ref.chain_seeds,
+    }
+    grads = 0  # NUTS's gradient count is not exposed per iteration; the wall time is reported
+    fit = Fit(model.net, samples, grads, notes={"reference": diagnostics})
+    return Reference(fit, model, predictive, diagnostics)
+
+
+def _resampled(fit: Fit, num: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """``num`` draws of ``fit``: each draw repeated equally, or resampled by its weights."""
+    count = len(next(iter(fit.samples.values())))
+    if fit.weights is None:
+        index = torch.arange(num) % count
+    else:
+        index = torch.multinomial(fit.weights.double().cpu(), num, replacement=True,
+                                  generator=generator)
+    return {k: v[index.to(v.device)] for k, v in fit.samples.items()}
+
+
+def scores(fit: Fit, probs_test: torch.Tensor | None, reference: Reference, data: Any,
+           seed: int) -> dict[str, float]:
+    """A method's distance to the reference: agreement and TV, or W2 (see the module)."""
+    from pyro_flat import metrics
+    from pyro_flat.hmc_reference import reference_predictive
+    from pyro_flat.regression import wasserstein2
+
+    if data.task == "classification":
+        ref = reference.test_predictive
+        return {"agreement": metrics.agreement(probs_test, ref),
+                "tv": metrics.total_variation(probs_test, ref)}
+    generator = torch.Generator().manual_seed(seed)
+    draws = _resampled(fit, PREDICTIVE_DRAWS, generator)
+    predictive = reference_predictive(reference.model, draws, data.x_test, kind="regression",
+                                      seed=seed)
+    return {"w2": wasserstein2(predictive.cpu(), reference.test_predictive.cpu())}
