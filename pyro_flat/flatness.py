@@ -9,14 +9,15 @@ first-order estimate, the rise after one normalised ascent step of length :math:
 .. math:: S_\rho(\theta) = L\big(\theta + \rho\, g / \|g\|_2\big) - L(\theta),
     \qquad g = \nabla L(\theta),
 
-with :math:`L` the mean negative log-likelihood over the data and the norm taken over all
-parameters together (:func:`pyro_flat.ascent.ascent_perturbation`: a zero or non-finite gradient
-gives no step, so :math:`S_\rho = 0`); the paper reports the mean of :math:`S^{\max}_\rho`
-over posterior draws. Besides
-it: the largest Hessian eigenvalue (:func:`hessian_top_eigenvalue`, power iteration on
-Hessian-vector products) and one-dimensional slices of the loss landscape, along a
-(filter-normalised) random direction (:func:`loss_along_direction`) or along the segment between
-two parameter sets, e.g. :math:`\theta` and :math:`\theta_a` of Entropy-MCMC
+with :math:`L` the mean negative log-likelihood over the data (the cross-entropy of logits or
+half the squared error, by ``task``, or any loss of the network's output given as ``loss``,
+e.g. the Gaussian NLL of a mean-and-scale head) and the norm taken over all parameters
+together (:func:`pyro_flat.ascent.ascent_perturbation`: a zero or non-finite gradient gives no
+step, so :math:`S_\rho = 0`); the paper reports the mean of :math:`S^{\max}_\rho` over
+posterior draws. Besides it: the largest Hessian eigenvalue (:func:`hessian_top_eigenvalue`,
+power iteration on Hessian-vector products) and one-dimensional slices of the loss landscape,
+along a (filter-normalised) random direction (:func:`loss_along_direction`) or along the
+segment between two parameter sets, e.g. :math:`\theta` and :math:`\theta_a` of Entropy-MCMC
 (:func:`loss_along_segment`). The last three take a loss function of a ``{site: tensor}`` dict,
 such as :func:`mean_loss` of a network.
 Every function here works on copies of the draws and never changes the network or the draws it
@@ -35,12 +36,29 @@ from pyro_flat import validation
 from pyro_flat.ascent import ascent_perturbation
 from pyro_flat.sites import latent_sites
 
+#: A loss of the network's output: ``(output, y) -> per-point losses (B,) or their mean``.
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
-def _mean_nll(net: Callable, params: Mapping[str, torch.Tensor], x, y, task: str) -> torch.Tensor:
-    out = poutine.condition(net, data=dict(params))(x)
+
+def _task_loss(task: str, loss: Loss | None) -> Loss:
+    """``loss`` averaged over the points, or the loss of ``task`` (checked) if it is None."""
+    if loss is not None:
+        if not callable(loss):
+            raise ValueError(f"loss must be a callable (output, y) -> loss, got {loss!r}")
+
+        def mean(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            value = loss(out, y)
+            return value.mean() if value.dim() else value
+
+        return mean
     if task == "classification":
-        return F.cross_entropy(out, y)
-    return 0.5 * (out.squeeze(-1) - y).square().mean()
+        return F.cross_entropy
+    return lambda out, y: 0.5 * (out.squeeze(-1) - y).square().mean()
+
+
+def _mean_nll(net: Callable, params: Mapping[str, torch.Tensor], x, y, loss: Loss
+              ) -> torch.Tensor:
+    return loss(poutine.condition(net, data=dict(params))(x), y)
 
 
 def sharpness(
@@ -51,6 +69,7 @@ def sharpness(
     *,
     rho: float = 0.05,
     task: str = "classification",
+    loss: Loss | None = None,
 ) -> torch.Tensor:
     r"""First-order sharpness :math:`S_\rho` of every draw, on the data ``(x, y)``: the rise
     of the loss after one normalised ascent step, the first iterate of :func:`max_sharpness`
@@ -71,6 +90,11 @@ def sharpness(
         The radius of the ascent step, ``> 0``.
     task : {"classification", "regression"}
         Cross-entropy of logits, or half the squared error.
+    loss : callable, optional
+        ``loss(output, y)``: the loss of the network's output on ``y``, per point (``(B,)``,
+        averaged here) or already averaged (a scalar), e.g. the Gaussian negative
+        log-likelihood of a network that predicts a mean and a scale. It replaces the loss of
+        ``task`` (which is then only checked).
 
     Returns
     -------
@@ -92,13 +116,14 @@ def sharpness(
     """
     rho = validation.positive("rho", rho)
     sites = _draw_sites(net, draws, x, y, task)
+    loss_fn = _task_loss(task, loss)
     out = []
     for i in range(len(draws[sites[0]])):
         theta = {s: draws[s][i].detach().clone() for s in sites}
-        loss, step = _ascent_step(net, theta, x, y, task, rho)
+        value, step = _ascent_step(net, theta, x, y, loss_fn, rho)
         with torch.no_grad():  # no step for a zero or non-finite gradient
             moved = theta if step is None else _moved(theta, step)
-            out.append(_mean_nll(net, moved, x, y, task) - loss)
+            out.append(_mean_nll(net, moved, x, y, loss_fn) - value)
     return torch.stack(out)
 
 
@@ -114,13 +139,13 @@ def _draw_sites(net: Callable, draws: Mapping[str, torch.Tensor], x: torch.Tenso
     return sites
 
 
-def _ascent_step(net: Callable, at: Params, x: torch.Tensor, y: torch.Tensor, task: str,
+def _ascent_step(net: Callable, at: Params, x: torch.Tensor, y: torch.Tensor, loss_fn: Loss,
                  rho: float) -> tuple[torch.Tensor, dict[str, torch.Tensor | None] | None]:
     """The mean loss at ``at`` and the normalised ascent step ``rho g / |g|`` there, per site
     (``None`` for a site without gradient; ``None`` for a zero or non-finite gradient)."""
     params = {s: t.detach().requires_grad_() for s, t in at.items()}
     with torch.enable_grad():
-        loss = _mean_nll(net, params, x, y, task)
+        loss = _mean_nll(net, params, x, y, loss_fn)
         grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
     step = ascent_perturbation(grads, rho)
     return loss.detach(), None if step is None else dict(zip(at, step, strict=True))
@@ -139,6 +164,7 @@ def max_sharpness(
     *,
     rho: float = 0.05,
     task: str = "classification",
+    loss: Loss | None = None,
     steps: int = 10,
     restarts: int = 0,
     generator: torch.Generator | None = None,
@@ -161,7 +187,7 @@ def max_sharpness(
 
     Parameters
     ----------
-    net, draws, x, y, rho, task
+    net, draws, x, y, rho, task, loss
         As for :func:`sharpness`.
     steps : int
         Ascent iterates per start, ``>= 1`` (``1``: :func:`sharpness`, or 0 where that is
@@ -196,27 +222,28 @@ def max_sharpness(
     steps = validation.integer_at_least("steps", steps, 1)
     restarts = validation.integer_at_least("restarts", restarts, 0)
     sites = _draw_sites(net, draws, x, y, task)
+    loss_fn = _task_loss(task, loss)
     out = []
     for i in range(len(draws[sites[0]])):
         theta = {s: draws[s][i].detach().clone() for s in sites}
         with torch.no_grad():
-            base = _mean_nll(net, theta, x, y, task)
+            base = _mean_nll(net, theta, x, y, loss_fn)
         best = torch.zeros((), dtype=base.dtype)
         for start in range(restarts + 1):
             # theta + eps_k (None: theta itself, which is not scored: its rise is 0)
             point = None if start == 0 else _moved(
                 theta, _random_on_sphere(theta, rho, generator))
             for _ in range(steps):
-                loss, step = _ascent_step(net, theta if point is None else point, x, y, task,
-                                          rho)
+                value, step = _ascent_step(net, theta if point is None else point, x, y,
+                                           loss_fn, rho)
                 if point is not None:
-                    best = torch.maximum(best, loss - base)
+                    best = torch.maximum(best, value - base)
                 if step is None:  # a zero or non-finite gradient: a stationary point
                     break
                 point = _moved(theta, step)  # eps_{k+1} = rho g_k / |g_k|, from theta
             if point is not None:
                 with torch.no_grad():
-                    best = torch.maximum(best, _mean_nll(net, point, x, y, task) - base)
+                    best = torch.maximum(best, _mean_nll(net, point, x, y, loss_fn) - base)
         out.append(best)
     return torch.stack(out)
 
@@ -241,16 +268,29 @@ Params = Mapping[str, torch.Tensor]
 
 
 def mean_loss(
-    net: Callable, x: torch.Tensor, y: torch.Tensor, task: str = "classification"
+    net: Callable, x: torch.Tensor, y: torch.Tensor, task: str = "classification", *,
+    loss: Loss | None = None,
 ) -> Callable[[Params], torch.Tensor]:
     """The mean negative log-likelihood of ``net`` on ``(x, y)`` as a function of its sites.
 
     ``mean_loss(net, x, y)(params)`` runs ``net(x)`` with its sampled sites set to ``params``
-    (cross-entropy of logits, or half the squared error for ``task="regression"``), the loss
+    (cross-entropy of logits, or half the squared error for ``task="regression"``; or
+    ``loss(output, y)``, per point or averaged, when given, as in :func:`sharpness`), the loss
     :func:`sharpness` measures.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pyro_flat.nn import make_bayesian
+    >>> net = make_bayesian(torch.nn.Linear(1, 1, bias=False))
+    >>> x, y = torch.ones(3, 1), torch.zeros(3)
+    >>> abs_error = lambda out, y: (out.squeeze(-1) - y).abs()  # per point, averaged
+    >>> float(mean_loss(net, x, y, loss=abs_error)({"weight": torch.tensor([[-2.0]])}))
+    2.0
     """
     _check_task_and_data(task, x, y)
-    return lambda params: _mean_nll(net, params, x, y, task)
+    loss_fn = _task_loss(task, loss)
+    return lambda params: _mean_nll(net, params, x, y, loss_fn)
 
 
 def _check_task_and_data(task: str, x: torch.Tensor, y: torch.Tensor) -> None:

@@ -22,7 +22,7 @@ import torch
 from pyro_flat import validation
 from pyro_flat.sites import latent_sites
 
-__all__ = ["bma_probs", "guide_draws"]
+__all__ = ["bma_probs", "draw_outputs", "guide_draws"]
 
 
 def _latent_sites(net: torch.nn.Module, x: torch.Tensor) -> dict[str, torch.Size]:
@@ -182,6 +182,49 @@ def bma_probs(
                     per_draw[s, start : start + batch_size] = probs
     mean = total / num_draws
     return (mean, per_draw) if return_per_draw else mean
+
+
+def draw_outputs(
+    model_net: torch.nn.Module,
+    samples: Mapping[str, torch.Tensor],
+    x: torch.Tensor,
+    *,
+    batch_size: int = 1024,
+) -> torch.Tensor:
+    """The raw output of the network for every draw, ``(num_draws, num_data, *output_shape)``.
+
+    What :func:`bma_probs` averages after a softmax, for networks whose outputs are not logits,
+    e.g. the mean and raw scale of a heteroscedastic regression
+    (:class:`pyro_flat.likelihoods.HeteroskedasticGaussian`). Each draw is plugged in with
+    :func:`pyro.poutine.condition` and the network runs on ``x`` in chunks of ``batch_size``
+    rows under ``torch.no_grad()``, on the device of ``x``; the global random state is left as
+    it was. ``samples`` is checked as by :func:`bma_probs`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pyro_flat.nn import make_bayesian
+    >>> net = make_bayesian(torch.nn.Linear(3, 2))
+    >>> samples = {"weight": torch.randn(5, 2, 3), "bias": torch.randn(5, 2)}
+    >>> draw_outputs(net, samples, torch.randn(7, 3)).shape
+    torch.Size([5, 7, 2])
+    """
+    batch_size = validation.integer_at_least("batch_size", batch_size, 1)
+    if not torch.is_tensor(x) or x.dim() < 1 or x.shape[0] == 0:
+        got = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
+        raise ValueError(
+            f"x must be a tensor of shape (num_data, ...) with num_data >= 1, got {got}"
+        )
+    sites = _latent_sites(model_net, x[:1])
+    draws, num_draws = _check_samples(samples, sites)
+    out = []
+    with torch.no_grad():
+        for s in range(num_draws):
+            draw = {k: v[s].to(x.device, non_blocking=True) for k, v in draws.items()}
+            net_s = poutine.condition(model_net, data=draw)
+            out.append(torch.cat([net_s(x[start : start + batch_size])
+                                  for start in range(0, x.shape[0], batch_size)]))
+    return torch.stack(out)
 
 
 def guide_draws(

@@ -172,3 +172,50 @@ def test_sharpness_names_targets_of_the_wrong_length():
     draws = {"weight": torch.randn(2, 2, 3), "bias": torch.randn(2, 2)}
     with pytest.raises(ValueError, match=r"len\(x\) = 10, len\(y\) = 9"):
         sharpness(net, draws, torch.randn(10, 3), torch.randint(0, 2, (9,)))
+
+
+def test_sharpness_of_a_given_loss():
+    """``loss=`` replaces the task's loss in the ascent step and in the rise: twice the squared
+    error doubles the regression sharpness exactly (the same direction, twice the rise), a
+    per-point loss is averaged, and a Gaussian NLL of a mean-and-scale head matches a direct
+    autograd computation of L(theta + rho g/|g|) - L(theta)."""
+    from pyro_flat.flatness import mean_loss
+
+    torch.manual_seed(0)
+    net = make_bayesian(torch.nn.Linear(3, 1).double())
+    draws = {"weight": torch.randn(3, 1, 3, dtype=torch.float64),
+             "bias": torch.randn(3, 1, dtype=torch.float64)}
+    x, y = torch.randn(40, 3, dtype=torch.float64), torch.randn(40, dtype=torch.float64)
+    half = sharpness(net, draws, x, y, rho=0.1, task="regression")
+
+    def squared(out, y):  # per point: averaged by sharpness
+        return (out.squeeze(-1) - y).square()
+
+    assert torch.allclose(sharpness(net, draws, x, y, rho=0.1, loss=squared), 2 * half,
+                          rtol=1e-12)
+    assert torch.allclose(
+        sharpness(net, draws, x, y, rho=0.1, loss=lambda o, t: squared(o, t).mean()), 2 * half,
+        rtol=1e-12)
+    assert torch.allclose(max_sharpness(net, draws, x, y, rho=0.1, loss=squared, steps=1),
+                          (2 * half).clamp_min(0), rtol=1e-12)
+    theta = {k: v[0] for k, v in draws.items()}
+    assert float(mean_loss(net, x, y, loss=squared)(theta)) == pytest.approx(
+        float(squared(x @ theta["weight"].T + theta["bias"], y).mean()), rel=1e-12)
+
+    head = make_bayesian(torch.nn.Linear(3, 2).double())
+    w, b = torch.randn(2, 2, 3, dtype=torch.float64), torch.randn(2, 2, dtype=torch.float64)
+
+    def gaussian_nll(out, y):
+        scale = torch.nn.functional.softplus(out[:, 1]) + 1e-3
+        return -torch.distributions.Normal(out[:, 0], scale).log_prob(y)
+
+    got = sharpness(head, {"weight": w, "bias": b}, x, y, rho=0.1, loss=gaussian_nll)
+    for i in range(2):
+        wi, bi = w[i].clone().requires_grad_(), b[i].clone().requires_grad_()
+        base = gaussian_nll(x @ wi.T + bi, y).mean()
+        gw, gb = torch.autograd.grad(base, (wi, bi))
+        norm = torch.sqrt(gw.square().sum() + gb.square().sum())
+        moved = gaussian_nll(x @ (w[i] + 0.1 * gw / norm).T + b[i] + 0.1 * gb / norm, y).mean()
+        assert float(got[i]) == pytest.approx(float((moved - base).detach()), rel=1e-9)
+    with pytest.raises(ValueError, match="loss must be a callable"):
+        sharpness(head, {"weight": w, "bias": b}, x, y, loss="nll")

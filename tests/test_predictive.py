@@ -166,3 +166,19 @@ def test_bma_probs_refuses_non_finite_draws():
     samples["bias"][2, 1] = float("nan")
     with pytest.raises(ValueError, match=r"samples\['bias'\] holds NaN or inf in 1 draws .*\[2\]"):
         bma_probs(net, samples, torch.randn(7, 3))
+
+
+def test_draw_outputs_are_the_raw_outputs_of_every_draw():
+    from pyro_flat.predictive import draw_outputs
+
+    net = make_bayesian(torch.nn.Linear(3, 2))
+    samples = {"weight": torch.randn(4, 2, 3), "bias": torch.randn(4, 2)}
+    x = torch.randn(9, 3)
+    out = draw_outputs(net, samples, x, batch_size=4)  # chunks of 4, 4 and 1 rows
+    assert out.shape == (4, 9, 2)
+    for s in range(4):
+        assert torch.allclose(out[s], x @ samples["weight"][s].T + samples["bias"][s], atol=1e-6)
+    _, per_draw = bma_probs(net, samples, x, return_per_draw=True)
+    assert torch.allclose(torch.softmax(out, -1), per_draw, atol=1e-6)
+    with pytest.raises(ValueError, match="samples has no draws"):
+        draw_outputs(net, {"weight": samples["weight"]}, x)

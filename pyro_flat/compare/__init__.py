@@ -1,7 +1,9 @@
 """The machinery of ``pyro-flat compare`` (the command line is :mod:`pyro_flat.cli`).
 
 * :mod:`~pyro_flat.compare.config`: the shared settings, budgets and the budget plan;
-* :mod:`~pyro_flat.compare.models`: the networks and the Pyro likelihood;
+* :mod:`~pyro_flat.compare.models`: the networks;
+* :mod:`~pyro_flat.compare.task`: what depends on the task (classification or regression): the
+  network's outputs, the Pyro likelihood, the plain network's loss, the settings;
 * :mod:`~pyro_flat.compare.common`: what a runner receives and returns, how a method is declared;
 * runners, one file per family: :mod:`~pyro_flat.compare.mcmc` (SG-MCMC kernels),
   :mod:`~pyro_flat.compare.svi` (Bayes by Backprop, HWA, sharpness-aware SVI),
@@ -9,6 +11,8 @@
   ensembles with and without SAM), :mod:`~pyro_flat.compare.sgd` (the SGD/MAP reference);
 * :mod:`~pyro_flat.compare.registry`: every method, implemented or planned;
 * :mod:`~pyro_flat.compare.evaluation`, :mod:`~pyro_flat.compare.figures`,
-  :mod:`~pyro_flat.compare.output`: the shared metrics, figures and output folder;
+  :mod:`~pyro_flat.compare.output`: the shared metrics, figures and output folder; for
+  regression, :mod:`~pyro_flat.compare.mixture` (the Gaussian-mixture predictive and its
+  scores) and :mod:`~pyro_flat.compare.regression_figures`;
 * :mod:`~pyro_flat.compare.run`: the loop over the methods.
 """

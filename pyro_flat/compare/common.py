@@ -20,6 +20,7 @@ import torch
 
 from pyro_flat.compare.config import Plan, Settings
 from pyro_flat.compare.models import build_network
+from pyro_flat.compare.task import likelihood, nll, num_outputs, task_of
 
 if TYPE_CHECKING:
     from pyro_flat.bnn import BNN
@@ -73,11 +74,23 @@ class Context:
     def num_train(self) -> int:
         return self.data.num_train
 
+    @property
+    def task(self) -> str:
+        """``"classification"`` or ``"regression"`` (:func:`pyro_flat.compare.task.task_of`)."""
+        return task_of(self.data)
+
     def network(self) -> torch.nn.Sequential:
-        """A fresh plain network of the chosen architecture, on the data's device."""
+        """A fresh plain network of the chosen architecture, on the data's device: one output
+        per class, or the mean and the raw scale of a regression
+        (:func:`pyro_flat.compare.task.num_outputs`)."""
         d = self.data
-        net = build_network(self.model, d.input_shape, d.num_classes, self.settings)
+        net = build_network(self.model, d.input_shape, num_outputs(d), self.settings)
         return net.to(d.x_train.device)
+
+    def loss(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The plain network's mean loss on a batch: the mean of ``-log p(y | output)`` under
+        :meth:`bnn`'s likelihood (:func:`pyro_flat.compare.task.nll`)."""
+        return nll(self.task, output, y)
 
     def bayesian(self, net: torch.nn.Module | None = None) -> torch.nn.Module:
         """``net`` (default a fresh network) made Bayesian with the shared prior, in place."""
@@ -88,15 +101,17 @@ class Context:
                              prior_scale=s.prior_scale, scale_rule=s.scale_rule)
 
     def bnn(self, net: torch.nn.Module | None = None) -> BNN:
-        """The Pyro model of every method: ``BNN(net, Categorical(), subsample_size=B)``.
+        """The Pyro model of every method: ``BNN(net, likelihood, subsample_size=B)``, the
+        likelihood ``Categorical()`` or, for regression,
+        ``HeteroskedasticGaussian(min_scale=1e-3)`` (:func:`pyro_flat.compare.task.likelihood`).
 
         ``net`` (default a fresh network) is made Bayesian with the shared prior; inside the
         model its sites are named ``net.<parameter>`` (e.g. ``net.0.weight``).
         """
         from pyro_flat.bnn import BNN
-        from pyro_flat.likelihoods import Categorical
 
-        return BNN(self.bayesian(net), Categorical(), subsample_size=self.settings.batch_size)
+        return BNN(self.bayesian(net), likelihood(self.task),
+                   subsample_size=self.settings.batch_size)
 
     def bayesian_copy(self, net: torch.nn.Module) -> torch.nn.Module:
         """The Bayesian network of :meth:`bnn` for a copy of a plain ``net``: its sites are

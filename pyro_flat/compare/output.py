@@ -18,14 +18,21 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pyro_flat.compare.evaluation import METRICS
+from pyro_flat.compare.evaluation import HEADERS, METRICS, task_metrics
 
-#: Columns of ``results.csv`` and ``results.json`` (the printed table leaves out the CPU time).
-COLUMNS = ("method", *METRICS, "grad_evals", "draws", "wall_time_s", "cpu_time_s", "status")
+
+def columns(metrics: Sequence[str] = METRICS) -> tuple[str, ...]:
+    """Columns of ``results.csv`` and ``results.json`` for the task's ``metrics`` (the printed
+    table leaves out the CPU time)."""
+    return ("method", *metrics, "grad_evals", "draws", "wall_time_s", "cpu_time_s", "status")
+
+
+#: The columns of a classification (:func:`columns` of the classification metrics).
+COLUMNS = columns(METRICS)
 #: Files ``compare`` writes (besides the draws); an output folder holding only these (and draws)
 #: may be replaced.
 RESULT_FILES = ("results.csv", "results.json", "results.md", "reliability.png",
-                "uncertainty.png", "loss_slices.png", "paired_differences.png")
+                "uncertainty.png", "loss_slices.png", "paired_differences.png", "predictive.png")
 DRAWS_PATTERN = "draws_{}.nc"
 
 
@@ -142,10 +149,9 @@ def write_atomically(out: Path, write: Callable[[Path], Any]) -> None:
         raise
 
 
-def format_table(rows: Sequence[dict]) -> str:
-    """A markdown table of the result rows."""
-    header = ("method", "accuracy", "NLL", "ECE", "Brier", "OOD AUROC", "sharpness",
-              "grad evals", "draws", "wall time (s)")
+def format_table(rows: Sequence[dict], metrics: Sequence[str] = METRICS) -> str:
+    """A markdown table of the result rows, with the columns of the task's ``metrics``."""
+    header = ("method", *(HEADERS[m] for m in metrics), "grad evals", "draws", "wall time (s)")
 
     def number(value: Any, spec: str) -> str:
         return "-" if value is None or value != value else format(value, spec)
@@ -155,7 +161,7 @@ def format_table(rows: Sequence[dict]) -> str:
         failed = r.get("status", "ok") != "ok"
         lines.append((
             r["method"] + (" (failed)" if failed else ""),
-            *(number(r[k], ".4f") for k in METRICS),
+            *(number(r[k], ".4f") for k in metrics),
             number(r["grad_evals"], "d"), number(r["draws"], "d"),
             number(r["wall_time_s"], ".1f"),
         ))
@@ -189,20 +195,24 @@ def write_results(folder: Path, rows: list[dict], meta: dict, draws: dict[str, A
                   markdown: str | None = None, by_seed: bool = False) -> None:
     """``results.csv``, ``results.json``, ``results.md`` and the draws' netCDF files.
 
-    ``by_seed``: the rows carry a ``seed`` column (``compare --seeds``); ``markdown``: the text
-    of ``results.md`` (default: the table of the rows).
+    The metric columns are those of ``meta["task"]`` (classification when it is absent,
+    :func:`pyro_flat.compare.evaluation.task_metrics`). ``by_seed``: the rows carry a ``seed``
+    column (``compare --seeds``); ``markdown``: the text of ``results.md`` (default: the table
+    of the rows).
     """
-    columns = ("seed", *COLUMNS) if by_seed else COLUMNS
+    metrics = task_metrics(meta.get("task", "classification"))[0]
+    names = columns(metrics)
+    names = ("seed", *names) if by_seed else names
     with open(folder / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
+        writer = csv.DictWriter(f, fieldnames=names)
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: row[k] for k in columns})
+            writer.writerow({k: row[k] for k in names})
     with open(folder / "results.json", "w") as f:
-        results = [{k: _json_safe(row[k]) for k in columns} for row in rows]
+        results = [{k: _json_safe(row[k]) for k in names} for row in rows]
         json.dump(_json_safe_tree({**meta, "results": results}), f, indent=2, allow_nan=False)
         f.write("\n")
-    (folder / "results.md").write_text((markdown or format_table(rows)) + "\n")
+    (folder / "results.md").write_text((markdown or format_table(rows, metrics)) + "\n")
     write_draws(folder, draws)
 
 

@@ -15,8 +15,9 @@ import torch
 from pyro_flat.compare import figures, output, registry, seeds
 from pyro_flat.compare.common import Context
 from pyro_flat.compare.config import Plan, Settings
-from pyro_flat.compare.evaluation import METRICS, Evaluation, evaluate
+from pyro_flat.compare.evaluation import DESCRIPTIONS, Evaluation, evaluate, task_metrics
 from pyro_flat.compare.models import describe
+from pyro_flat.compare.task import likelihood, num_outputs, task_of
 
 
 @dataclass
@@ -44,9 +45,9 @@ def _say(message: str, end: str = "\n") -> None:
     print(message, end=end, file=sys.stderr, flush=True)
 
 
-def _failed_row(start: float, cpu: float, err: BaseException) -> dict:
+def _failed_row(start: float, cpu: float, err: BaseException, metrics: tuple[str, ...]) -> dict:
     message = " ".join(f"{type(err).__name__}: {err}".split())
-    return {**dict.fromkeys(METRICS, math.nan), "grad_evals": None, "draws": None,
+    return {**dict.fromkeys(metrics, math.nan), "grad_evals": None, "draws": None,
             "wall_time_s": time.perf_counter() - start, "cpu_time_s": time.process_time() - cpu,
             "status": f"failed: {message}"}
 
@@ -71,7 +72,7 @@ def run_method(name: str, ctx: Context, export: bool = True) -> Outcome:
                 # a fresh model with the same sites (net.*): the draws replace all its weights
                 fit.samples, model=ctx.bnn(), model_args=(ctx.data.x_test, ctx.data.y_test))
     except Exception as err:  # e.g. a chain that diverged: report it, keep the others
-        return _failed_row(start, cpu, err), None, None, {}
+        return _failed_row(start, cpu, err, task_metrics(ctx.task)[0]), None, None, {}
     row = {**ev.metrics, "grad_evals": fit.grad_evals,
            "draws": len(next(iter(fit.samples.values()))),
            "wall_time_s": time.perf_counter() - start,
@@ -134,9 +135,9 @@ def _worker(job: Job, threads: int) -> Outcome:
 def _summary(row: dict) -> str:
     if row["status"] != "ok":
         return f"failed after {row['wall_time_s']:.1f} s: {row['status'][8:]}"
-    score = (f"accuracy {row['accuracy']:.3f}" if "accuracy" in row
-             else f"NLL {row['nll']:.3f}")
-    return f"{row['wall_time_s']:.1f} s, {score}"
+    if "accuracy" in row:
+        return f"{row['wall_time_s']:.1f} s, accuracy {row['accuracy']:.3f}"
+    return f"{row['wall_time_s']:.1f} s, RMSE {row['rmse']:.3f}, NLL {row['nll']:.3f}"
 
 
 def _label(name: str) -> str:
@@ -181,7 +182,8 @@ def _run_in_parallel(jobs: list[Job], workers: int, threads: int,
     if show:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=sum(map(_grads, jobs)), desc=f"{len(jobs)} runs", unit="grad",
+        what = "methods" if all(j.label == j.method for j in jobs) else "runs"
+        bar = tqdm(total=sum(map(_grads, jobs)), desc=f"{len(jobs)} {what}", unit="grad",
                    file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
     say = bar.write if bar is not None else _say
     jobs = [replace(job, ctx=replace(job.ctx, show_progress=False)) for job in jobs]
@@ -192,7 +194,7 @@ def _run_in_parallel(jobs: list[Job], workers: int, threads: int,
         with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=mp,
                                  initializer=_init_worker,
                                  initargs=(threads, os.getpid(), counter)) as pool:
-            futures = {pool.submit(_worker, job, threads): job.label for job in order}
+            futures = {pool.submit(_worker, job, threads): job for job in order}
             pending = set(futures)
             while pending:
                 done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
@@ -200,11 +202,13 @@ def _run_in_parallel(jobs: list[Job], workers: int, threads: int,
                     bar.n = min(counter.value, bar.total)
                     bar.refresh()
                 for future in done:
-                    label = futures[future]
+                    job = futures[future]
+                    label = job.label
                     try:
                         outcomes[label] = future.result()
                     except Exception as err:  # the worker process died
-                        outcomes[label] = (_failed_row(start, time.process_time(), err),
+                        metrics = task_metrics(job.ctx.task)[0]
+                        outcomes[label] = (_failed_row(start, time.process_time(), err, metrics),
                                            None, None, {})
                     say(f"[{len(outcomes)}/{len(jobs)}] {_label(label)}: "
                         f"{_summary(outcomes[label][0])}")
@@ -271,7 +275,7 @@ def run_seed(opts: Options, settings: Settings, plan: Plan, seed: int) -> SeedRu
         _say(f"pyro-flat: error: cannot load the data set {opts.dataset!r}: {message}")
         return None
     data = data.to(opts.device)
-    arch = describe(opts.model, data.input_shape, data.num_classes, settings)
+    arch = describe(opts.model, data.input_shape, num_outputs(data), settings)
     jobs = opts.jobs if opts.device.type == "cpu" else 1
     _say(
         f"pyro-flat compare: {data.name} ({data.num_train} train, {data.num_test} test, "
@@ -300,7 +304,11 @@ def run_seed(opts: Options, settings: Settings, plan: Plan, seed: int) -> SeedRu
 
 def compare(opts: Options, settings: Settings, plan: Plan) -> int:
     """Run every method of ``opts`` and the reference for each seed; print the table (with
-    several seeds: means ± standard errors and the paired differences); write the folder."""
+    several seeds: means ± standard errors and the paired differences); write the folder.
+
+    The table's columns are the metrics of the data set's task
+    (:func:`pyro_flat.compare.evaluation.task_metrics`).
+    """
     from pyro_flat import __version__
 
     runs: list[SeedRun] = []
@@ -311,6 +319,8 @@ def compare(opts: Options, settings: Settings, plan: Plan) -> int:
         runs.append(run)
     first = runs[0]
     data = first.data
+    task = task_of(data)
+    metrics = task_metrics(task)[0]
     several = len(runs) > 1
     meta = {
         "pyro_flat_version": __version__,
@@ -332,19 +342,17 @@ def compare(opts: Options, settings: Settings, plan: Plan) -> int:
         "plan": asdict(plan),
         "method_notes": first.notes,
         "draw_files": {m: output.DRAWS_PATTERN.format(m) for m in first.draws},
-        "figures": list(figures.FIGURES) if first.evaluations else [],
-        "metrics": (
-            "test-set accuracy, NLL (mean -log p(y|x), p clamped at 1e-12), ECE (15 equal-width "
-            "bins), Brier (sum over classes), OOD AUROC (predictive entropy, test vs OOD), "
-            "sharpness (mean over draws of L(theta + 0.05 g/|g|) - L(theta), mean training "
-            "loss on the first 1000 training points)"
-        ),
+        "figures": figures.names(data) if first.evaluations else [],
+        "metrics": DESCRIPTIONS[task],
     }
+    if task == "regression":  # (a classification's meta is as it was before regression)
+        meta.update({"task": task, "likelihood": repr(likelihood(task)),
+                     "y_mean": data.y_mean, "y_std": data.y_std})
     rows = first.rows
     if several:
         by_seed = {run.seed: run.rows for run in runs}
-        summary = seeds.summarise(by_seed)
-        pairs = seeds.paired_differences(by_seed)
+        summary = seeds.summarise(by_seed, metrics)
+        pairs = seeds.paired_differences(by_seed, metrics=metrics)
         rows = [{"seed": run.seed, **row} for run in runs for row in run.rows]
         meta.update({
             "seeds": list(by_seed),
@@ -364,12 +372,12 @@ def compare(opts: Options, settings: Settings, plan: Plan) -> int:
         if pairs:
             meta["figures"] = [*meta["figures"], seeds.FIGURE]
         text = (f"mean ± standard error over {len(runs)} seeds\n\n"
-                + seeds.format_summary(summary))
+                + seeds.format_summary(summary, metrics))
         if pairs:
             text += ("\n\npaired differences, method - baseline (mean ± standard error; * the "
-                     "95% t interval excludes 0)\n\n" + seeds.format_paired(pairs))
+                     "95% t interval excludes 0)\n\n" + seeds.format_paired(pairs, metrics))
     else:
-        text = output.format_table(rows)
+        text = output.format_table(rows, metrics)
     if opts.tune_plan is not None:
         from pyro_flat.compare import tuning
 
@@ -393,10 +401,10 @@ def compare(opts: Options, settings: Settings, plan: Plan) -> int:
             for run in runs:
                 output.write_draws(folder, {f"{m}_seed{run.seed}": d
                                             for m, d in run.draws.items()})
-            seeds.write_figure(folder, pairs)
+            seeds.write_figure(folder, pairs, metrics=metrics)
         else:
             output.write_results(folder, rows, meta, first.draws, markdown=text)
-        figures.write_figures(folder, first.evaluations, data.y_test.cpu())
+        figures.write_figures(folder, first.evaluations, data)
 
     try:
         output.write_atomically(opts.out, write)

@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pyro_flat.compare.evaluation import METRICS
+from pyro_flat.compare.evaluation import HEADERS, HIGHER_IS_BETTER, METRICS
 
 #: Each flat-seeking method and the baselines it is paired with (only the pairs of methods
 #: that ran are reported).
@@ -36,8 +36,6 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("fswag", "swag"),
     ("ensemble-sam", "ensemble"),
 )
-#: Metrics for which a larger value is better (a positive difference is an improvement).
-HIGHER_IS_BETTER = frozenset({"accuracy", "ood_auroc"})
 #: The figure of the paired differences.
 FIGURE = "paired_differences.png"
 #: Seeds needed before a paired difference is called significant.
@@ -68,9 +66,11 @@ def t_quantile(level: float, dof: int) -> float:
     return float(stats.t.ppf(level, dof))
 
 
-def summarise(rows_by_seed: Mapping[int, Sequence[Mapping]]) -> list[dict]:
-    """One row per method (in the order of the first seed's rows): for every metric its mean
-    and standard error over the seeds where the method succeeded, and how many seeds that is.
+def summarise(rows_by_seed: Mapping[int, Sequence[Mapping]],
+              metrics: Sequence[str] = METRICS) -> list[dict]:
+    """One row per method (in the order of the first seed's rows): for every one of the task's
+    ``metrics`` its mean and standard error over the seeds where the method succeeded, and how
+    many seeds that is.
 
     Examples
     --------
@@ -84,7 +84,7 @@ def summarise(rows_by_seed: Mapping[int, Sequence[Mapping]]) -> list[dict]:
     for method in order:
         ok = [rows[method] for rows in map(_ok, rows_by_seed.values()) if method in rows]
         row: dict = {"method": method, "seeds": len(ok)}
-        for metric in METRICS:
+        for metric in metrics:
             if all(metric not in r for r in ok):
                 continue
             row[metric], row[f"{metric}_se"] = mean_and_se([r.get(metric) for r in ok])
@@ -95,8 +95,10 @@ def summarise(rows_by_seed: Mapping[int, Sequence[Mapping]]) -> list[dict]:
 
 
 def paired_differences(rows_by_seed: Mapping[int, Sequence[Mapping]],
-                       pairs: Sequence[tuple[str, str]] = PAIRS) -> list[dict]:
-    """For every pair ``(method, baseline)`` that both ran: per metric the mean paired
+                       pairs: Sequence[tuple[str, str]] = PAIRS,
+                       metrics: Sequence[str] = METRICS) -> list[dict]:
+    """For every pair ``(method, baseline)`` that both ran: per metric (of ``metrics``, the
+    task's) the mean paired
     difference method - baseline over the seeds where both succeeded, its standard error, the
     95% t interval and whether it excludes zero.
 
@@ -118,7 +120,7 @@ def paired_differences(rows_by_seed: Mapping[int, Sequence[Mapping]],
         both = [(rows[method], rows[baseline]) for rows in map(_ok, rows_by_seed.values())
                 if method in rows and baseline in rows]
         row: dict = {"method": method, "baseline": baseline, "seeds": len(both)}
-        for metric in METRICS:
+        for metric in metrics:
             diffs = [a[metric] - b[metric] for a, b in both
                      if a.get(metric) is not None and b.get(metric) is not None]
             mean, se = mean_and_se(diffs)
@@ -140,10 +142,6 @@ def _cell(mean: float, se: float) -> str:
     return f"{mean:.4f}" if math.isnan(se) else f"{mean:.4f} ± {se:.4f}"
 
 
-_HEADERS = {"accuracy": "accuracy", "nll": "NLL", "ece": "ECE", "brier": "Brier",
-            "ood_auroc": "OOD AUROC", "sharpness": "sharpness"}
-
-
 def markdown_table(header: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
 
@@ -157,47 +155,52 @@ def markdown_table(header: Sequence[str], lines: Sequence[Sequence[str]]) -> str
     return "\n".join([fmt(header), rule, *(fmt(line) for line in lines)])
 
 
-def format_summary(summary: Sequence[Mapping]) -> str:
-    """The mean ± standard error table (one row per method)."""
-    header = ("method", *(_HEADERS[m] for m in METRICS), "grad evals", "wall time (s)", "seeds")
+def format_summary(summary: Sequence[Mapping], metrics: Sequence[str] = METRICS) -> str:
+    """The mean ± standard error table (one row per method, a column per metric)."""
+    header = ("method", *(HEADERS[m] for m in metrics), "grad evals", "wall time (s)", "seeds")
     lines = [(r["method"], *(_cell(r.get(m, math.nan), r.get(f"{m}_se", math.nan))
-                             for m in METRICS),
+                             for m in metrics),
               "-" if math.isnan(r["grad_evals"]) else f"{r['grad_evals']:.0f}",
               "-" if math.isnan(r["wall_time_s"]) else f"{r['wall_time_s']:.1f}",
               str(r["seeds"])) for r in summary]
     return markdown_table(header, lines)
 
 
-def format_paired(pairs: Sequence[Mapping]) -> str:
+def format_paired(pairs: Sequence[Mapping], metrics: Sequence[str] = METRICS) -> str:
     """The paired-difference table; ``*`` marks a 95% interval that excludes zero."""
-    header = ("method - baseline", *(_HEADERS[m] for m in METRICS), "seeds")
+    header = ("method - baseline", *(HEADERS[m] for m in metrics), "seeds")
     lines = []
     for r in pairs:
         cells = [_cell(r[m], r[f"{m}_se"]) + (" *" if r[f"{m}_significant"] else "")
-                 for m in METRICS]
+                 for m in metrics]
         lines.append((f"{r['method']} - {r['baseline']}", *cells, str(r["seeds"])))
     return markdown_table(header, lines)
 
 
-def write_figure(folder: Path, pairs: Sequence[Mapping], dpi: int = 80) -> list[str]:
-    """One panel per metric: each pair's mean difference with its 95% interval, zero marked;
-    returns the file name (none without pairs)."""
+def write_figure(folder: Path, pairs: Sequence[Mapping], dpi: int = 80,
+                 metrics: Sequence[str] = METRICS) -> list[str]:
+    """One panel per metric (up to three panels a row): each pair's mean difference with its
+    95% interval, zero marked; returns the file name (none without pairs)."""
     from matplotlib.figure import Figure
 
     if not pairs:
         return []
-    fig = Figure(figsize=(3.2 * 3, 0.45 * len(pairs) * 2 + 1.6), layout="constrained")
-    axes = fig.subplots(2, 3, sharey=True).ravel()
+    cols = min(3, len(metrics))
+    rows = math.ceil(len(metrics) / cols)
+    fig = Figure(figsize=(3.2 * cols, 0.45 * len(pairs) * rows + 1.6), layout="constrained")
+    axes = fig.subplots(rows, cols, sharey=True, squeeze=False).ravel()
+    for ax in axes[len(metrics):]:
+        ax.set_axis_off()
     labels = [f"{r['method']} - {r['baseline']}" for r in pairs]
     ys = list(range(len(pairs)))
-    for ax, metric in zip(axes, METRICS, strict=True):
+    for ax, metric in zip(axes, metrics, strict=False):
         means = [r[metric] for r in pairs]
         low = [r[metric] - r[f"{metric}_low"] if r["seeds"] > 1 else 0.0 for r in pairs]
         high = [r[f"{metric}_high"] - r[metric] if r["seeds"] > 1 else 0.0 for r in pairs]
         ax.errorbar(means, ys, xerr=[low, high], fmt="o", capsize=3)
         ax.axvline(0.0, color="grey", linewidth=0.8)
         better = "higher" if metric in HIGHER_IS_BETTER else "lower"
-        ax.set_title(f"{_HEADERS[metric]} ({better} is better)", fontsize="small")
+        ax.set_title(f"{HEADERS[metric]} ({better} is better)", fontsize="small")
         ax.set_yticks(ys, labels, fontsize="small")
     axes[0].set_ylim(len(pairs) - 0.5, -0.5)  # shared: the first pair on top
     fig.suptitle("paired differences, method - baseline (mean, 95% t interval over seeds)",

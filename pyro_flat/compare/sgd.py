@@ -1,6 +1,8 @@
 """SGD (or SAM) training of the plain network at the prior's MAP, and the SGD reference.
 
-The loss is the mean cross-entropy of a minibatch plus the prior's penalty: ``-log N(w; 0,
+The loss is the mean negative log-likelihood of a minibatch under the likelihood of the
+Bayesian methods (:meth:`~pyro_flat.compare.common.Context.loss`: the cross-entropy, or the
+Gaussian NLL of the regression head) plus the prior's penalty: ``-log N(w; 0,
 s^2)`` per data point is ``w^2 / (2 s^2 N)`` plus a constant, whose gradient is SGD's weight
 decay ``1 / (s^2 N)``, with ``s`` as :func:`pyro_flat.nn.make_bayesian` sets it (``prior_scale``
 divided by the square root of the fan-in of the layer's weight under the ``"fan_in"`` rule,
@@ -65,7 +67,7 @@ def train_map(
 
         def closure(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
             opt.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.cross_entropy(net(x), y)
+            loss = ctx.loss(net(x), y)
             loss.backward()
             return loss
 
