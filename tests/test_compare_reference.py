@@ -10,7 +10,6 @@ import torch
 
 from pyro_flat import cli, metrics
 from pyro_flat.compare import reference
-from pyro_flat.compare.common import Fit
 from pyro_flat.regression import wasserstein2
 
 
@@ -88,14 +87,22 @@ def test_regression_w2_is_the_distance_between_predictive_draws(tmp_path, small_
     assert rows["sgd"]["w2"] > 0
 
 
-def test_resampling_follows_the_weights():
-    samples = {"w": torch.tensor([[0.0], [1.0], [2.0]])}
-    fit = Fit(torch.nn.Identity(), samples, 0)
-    even = reference._resampled(fit, 6, torch.Generator().manual_seed(0))
-    assert even["w"].squeeze(1).tolist() == [0.0, 1.0, 2.0, 0.0, 1.0, 2.0]
-    fit.weights = torch.tensor([0.0, 0.0, 1.0])
-    assert set(reference._resampled(fit, 50, torch.Generator())["w"].squeeze(1).tolist()) \
-        == {2.0}
+def test_mixture_draws_follow_the_weights_and_the_noise():
+    from pyro_flat.compare.mixture import GaussianMixture
+
+    loc = torch.tensor([[0.0, 10.0], [5.0, -5.0]])
+    scale = torch.tensor([[1.0, 2.0], [1.0, 1.0]])
+    g = torch.Generator().manual_seed(0)
+    draws = GaussianMixture(loc, scale, torch.tensor([1.0, 0.0])).sample(4000, g)
+    # only the first component: mean (0, 10), sd (1, 2); 4 standard errors of 4,000 draws
+    assert draws.shape == (4000, 2)
+    assert torch.allclose(draws.mean(0), torch.tensor([0.0, 10.0], dtype=torch.float64),
+                          atol=4 * 2 / 4000**0.5)
+    assert torch.allclose(draws.std(0), torch.tensor([1.0, 2.0], dtype=torch.float64),
+                          rtol=0.05)
+    even = GaussianMixture.equal(loc, scale).sample(4000, g)
+    # an even mixture of N(0, 1) and N(5, 1): mean 2.5 (sd 2.69, standard error 0.043)
+    assert float(even[:, 0].mean()) == pytest.approx(2.5, abs=4 * 2.69 / 4000**0.5)
 
 
 def test_w2_of_a_predictive_against_itself_is_its_sampling_noise():

@@ -80,9 +80,9 @@ def test_tune_end_to_end_chooses_from_the_trials_and_never_sees_the_test_set(
     seen = []
     evaluate = run.evaluate
 
-    def recording(fit, d, seed):
+    def recording(fit, d, seed, **kwargs):
         seen.append(d.x_test)
-        return evaluate(fit, d, seed)
+        return evaluate(fit, d, seed, **kwargs)
 
     monkeypatch.setattr(run, "evaluate", recording)
     out = tmp_path / "out"

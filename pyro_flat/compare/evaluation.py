@@ -20,6 +20,7 @@ filter-normalised random direction (:func:`pyro_flat.flatness.loss_along_directi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,11 +36,12 @@ METRICS = ("accuracy", "nll", "ece", "brier", "ood_auroc", "sharpness")
 #: Metric columns of the table for regression, in order.
 REGRESSION_METRICS = ("rmse", "nll", "crps", "calibration_error", "ood_auroc", "sharpness")
 #: Metrics for which a larger value is better (the others: smaller is better).
-HIGHER_IS_BETTER = frozenset({"accuracy", "ood_auroc"})
+HIGHER_IS_BETTER = frozenset({"accuracy", "ood_auroc", "agreement"})
 #: Column headers of the printed tables.
 HEADERS = {"accuracy": "accuracy", "nll": "NLL", "ece": "ECE", "brier": "Brier",
            "ood_auroc": "OOD AUROC", "sharpness": "sharpness", "rmse": "RMSE", "crps": "CRPS",
-           "calibration_error": "calib. error"}
+           "calibration_error": "calib. error", "agreement": "agreement (HMC)",
+           "tv": "TV (HMC)", "w2": "W2 (HMC)"}
 #: What the metrics of each task are (``results.json``'s ``metrics``).
 DESCRIPTIONS = {
     "classification": (
@@ -142,8 +144,10 @@ def _curve_inputs(data: Any) -> torch.Tensor:
                           device=data.x_train.device).unsqueeze(1)
 
 
-def evaluate(fit: Fit, data: Any, seed: int) -> Evaluation:
-    """Score ``fit`` on ``data``; the slice direction is drawn with ``seed``."""
+def evaluate(fit: Fit, data: Any, seed: int, full: bool = True) -> Evaluation:
+    """Score ``fit`` on ``data``; the slice direction is drawn with ``seed``. Without ``full``
+    (a ``--tune`` candidate, judged by its NLL alone) the sharpness is ``nan`` and the loss
+    slice and the 1-D predictive curve are left out."""
     from pyro_flat.flatness import loss_along_direction, mean_loss, sharpness
     from pyro_flat.predictive import bma_probs
 
@@ -152,7 +156,8 @@ def evaluate(fit: Fit, data: Any, seed: int) -> Evaluation:
     net = fit.net
     net.eval()
     x, y = data.x_train[:SHARPNESS_POINTS], data.y_train[:SHARPNESS_POINTS]
-    sharp = sharpness(net, fit.samples, x, y, rho=RHO, task=task, loss=loss).cpu()
+    sharp = (sharpness(net, fit.samples, x, y, rho=RHO, task=task, loss=loss).cpu() if full
+             else torch.full((len(next(iter(fit.samples.values()))),), math.nan))
     if fit.weights is None:
         mean_sharpness = float(sharp.mean())
     else:
@@ -163,7 +168,7 @@ def evaluate(fit: Fit, data: Any, seed: int) -> Evaluation:
         test, ood = (mixture(net, fit.samples, x_, fit.weights) for x_ in (data.x_test,
                                                                            data.x_ood))
         row = regression_scores(test, ood, data.y_test.cpu())
-        if tuple(data.x_train.shape[1:]) == (1,):
+        if full and tuple(data.x_train.shape[1:]) == (1,):
             grid = _curve_inputs(data)
             curve = (grid.cpu().reshape(-1), mixture(net, fit.samples, grid, fit.weights))
     else:
@@ -180,6 +185,9 @@ def evaluate(fit: Fit, data: Any, seed: int) -> Evaluation:
                 for x_ in (data.x_test, data.x_ood))
         row = scores(probs_test, probs_ood, data.y_test.cpu())
     row["sharpness"] = mean_sharpness
+    if not full:
+        return Evaluation(row, probs_test, probs_ood, (torch.zeros(0), torch.zeros(0)), test,
+                          ood, curve)
     last = {k: v[-1] for k, v in fit.samples.items()}
     generator = torch.Generator().manual_seed(seed)
     alphas, losses = loss_along_direction(mean_loss(net, x, y, task, loss=loss), last,

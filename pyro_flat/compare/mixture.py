@@ -117,6 +117,16 @@ class GaussianMixture:
         pairs = _crps_kernel(self.loc[:, None] - self.loc[None], var[:, None] + var[None])
         return first - 0.5 * (pair_w * pairs).sum((0, 1))
 
+    def sample(self, num: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """``(num, num_data)`` draws: a component by its weight for each draw and point, then
+        its normal noise."""
+        component = torch.multinomial(self.weights.cpu(), num * self.loc.shape[1],
+                                      replacement=True, generator=generator)
+        component = component.reshape(num, -1).to(self.loc.device)
+        loc, scale = self.loc.gather(0, component), self.scale.gather(0, component)
+        noise = torch.randn(loc.shape, generator=generator, dtype=torch.float64)
+        return loc + scale * noise.to(loc.device)
+
     def quantile(self, q: float, iterations: int = 100) -> torch.Tensor:
         """``(num_data,)`` ``q``-quantiles, ``0 < q < 1``, by bisection on :meth:`cdf`."""
         if not 0 < q < 1:

@@ -195,12 +195,12 @@ def write_results(folder: Path, rows: list[dict], meta: dict, draws: dict[str, A
                   markdown: str | None = None, by_seed: bool = False) -> None:
     """``results.csv``, ``results.json``, ``results.md`` and the draws' netCDF files.
 
-    The metric columns are those of ``meta["task"]`` (classification when it is absent,
-    :func:`pyro_flat.compare.evaluation.task_metrics`). ``by_seed``: the rows carry a ``seed``
-    column (``compare --seeds``); ``markdown``: the text of ``results.md`` (default: the table
-    of the rows).
+    The metric columns are ``meta["metric_columns"]``, else those of ``meta["task"]``
+    (classification when it is absent, :func:`pyro_flat.compare.evaluation.task_metrics`).
+    ``by_seed``: the rows carry a ``seed`` column (``compare --seeds``); ``markdown``: the text
+    of ``results.md`` (default: the table of the rows).
     """
-    metrics = task_metrics(meta.get("task", "classification"))[0]
+    metrics = meta.get("metric_columns") or task_metrics(meta.get("task", "classification"))[0]
     names = columns(metrics)
     names = ("seed", *names) if by_seed else names
     with open(folder / "results.csv", "w", newline="") as f:

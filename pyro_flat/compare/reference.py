@@ -11,15 +11,16 @@ and :data:`NUM_SAMPLES` draws, trees of depth at most :data:`MAX_TREE_DEPTH`, ea
 its own seed. Only a network small enough for full-batch NUTS is practical (``--hidden 16``
 on digits or diabetes on 2 cores: minutes per seed).
 
-Each method is then scored against the reference predictive on the test inputs:
+The reference runs as one more job beside the methods, at the default settings (never
+tuned). Each method is then scored against the reference predictive on the test inputs:
 
 * classification: ``agreement``, the share of test points whose most probable class is the
   reference's (:func:`pyro_flat.metrics.agreement`; higher is better), and ``tv``, the mean
   total variation between the two predictive distributions
   (:func:`pyro_flat.metrics.total_variation`; lower is better);
 * regression: ``w2``, the mean over test points of the 2-Wasserstein distance between the
-  method's predictive draws (:data:`PREDICTIVE_DRAWS` of them: the method's draws, resampled
-  by their weights, each with its observation noise) and the reference's (one per NUTS draw)
+  method's predictive draws and the reference's (:data:`PREDICTIVE_DRAWS` of each: a
+  component of the Gaussian mixture drawn by its weight, then its observation noise)
   (:func:`pyro_flat.regression.wasserstein2`; lower is better).
 
 The reference itself is a row of the table (``hmc``), scored like the methods against the
@@ -40,7 +41,6 @@ and Demonstrations Track, PMLR 176.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -56,6 +56,14 @@ MAX_TREE_DEPTH = 6
 PREDICTIVE_DRAWS = 1000
 #: ``--reference`` choices.
 REFERENCES = ("none", "hmc")
+#: What the score columns are (``results.json``).
+SCORES = (
+    "against the NUTS reference predictive on the test inputs: agreement (share of points "
+    "whose most probable class is the reference's; higher is better) and tv (mean total "
+    "variation distance; lower is better) for classification; w2 (mean over points of the "
+    f"2-Wasserstein distance between {PREDICTIVE_DRAWS} predictive draws of each; lower is "
+    "better) for regression"
+)
 #: The score columns, by task.
 CLASSIFICATION_SCORES = ("agreement", "tv")
 REGRESSION_SCORES = ("w2",)
@@ -64,16 +72,6 @@ REGRESSION_SCORES = ("w2",)
 def score_names(task: str) -> tuple[str, ...]:
     """The columns the reference adds for ``task``."""
     return CLASSIFICATION_SCORES if task == "classification" else REGRESSION_SCORES
-
-
-@dataclass
-class Reference:
-    """The reference's draws, predictive on the test inputs and diagnostics."""
-
-    fit: Fit  # the NUTS draws as a Fit of the full-batch model's network
-    model: Any  # the full-batch BNN
-    test_predictive: torch.Tensor  # (N, C) probabilities or (S, N) predictive draws
-    diagnostics: dict[str, Any] = field(default_factory=dict)
 
 
 def full_batch_model(ctx: Context) -> Any:
@@ -100,67 +98,49 @@ def per_draw_predictions(model: Any, samples: dict[str, torch.Tensor], x: torch.
     return torch.stack(out)
 
 
-def run_reference(ctx: Context, *, num_chains: int = NUM_CHAINS,
-                  warmup_steps: int = WARMUP_STEPS, num_samples: int = NUM_SAMPLES,
-                  max_tree_depth: int = MAX_TREE_DEPTH) -> Reference:
-    """NUTS on the full-batch model of ``ctx`` (seeded by ``ctx.seed``), its test predictive
-    and diagnostics."""
+def run_hmc(method: str, ctx: Context) -> Fit:
+    """The reference as a runner of ``compare``: NUTS on the full-batch model of ``ctx``
+    (chains seeded from ``ctx.seed``); its draws, and its diagnostics as the fit's notes."""
     import pyro
 
-    from pyro_flat.hmc_reference import hmc_reference, reference_predictive, split_rhat
+    from pyro_flat.hmc_reference import hmc_reference, split_rhat
 
     data = ctx.data
     pyro.clear_param_store()
     pyro.set_rng_seed(ctx.seed)
     model = full_batch_model(ctx)
     start = time.perf_counter()
-    ref = hmc_reference(model, data.x_train, data.y_train, num_chains=num_chains,
-                        num_samples=num_samples, warmup_steps=warmup_steps, seed=ctx.seed,
-                        on_failure="ignore", max_tree_depth=max_tree_depth, jit_compile=True,
+    ref = hmc_reference(model, data.x_train, data.y_train, num_chains=NUM_CHAINS,
+                        num_samples=NUM_SAMPLES, warmup_steps=WARMUP_STEPS, seed=ctx.seed,
+                        on_failure="ignore", max_tree_depth=MAX_TREE_DEPTH, jit_compile=True,
                         ignore_jit_warnings=True)
     seconds = time.perf_counter() - start
     samples = ref.samples
-    task = data.task
-    predictive = reference_predictive(model, samples, data.x_test, kind=task, seed=ctx.seed)
     function = per_draw_predictions(model, samples, data.x_test, data.y_test)
-    function_rhat = split_rhat(function.reshape(num_chains, num_samples, -1))
-    diagnostics = {
-        "chains": num_chains, "warmup_steps": warmup_steps, "draws_per_chain": num_samples,
-        "max_tree_depth": max_tree_depth, "seconds": round(seconds, 1),
+    function_rhat = split_rhat(function.reshape(NUM_CHAINS, NUM_SAMPLES, -1))
+    notes = {
+        "chains": NUM_CHAINS, "warmup_steps": WARMUP_STEPS, "draws_per_chain": NUM_SAMPLES,
+        "max_tree_depth": MAX_TREE_DEPTH, "nuts_seconds": round(seconds, 1),
         "max_rhat_weights": ref.max_rhat, "min_ess_bulk_weights": ref.min_ess_bulk,
         "max_rhat_function": float(function_rhat.nan_to_num(float("inf")).max()),
         "median_rhat_function": float(function_rhat.nanmedian()),
         "divergences": ref.divergences, "chain_seeds": ref.chain_seeds,
     }
-    grads = 0  # NUTS's gradient count is not exposed per iteration; the wall time is reported
-    fit = Fit(model.net, samples, grads, notes={"reference": diagnostics})
-    return Reference(fit, model, predictive, diagnostics)
+    # NUTS's gradient count per iteration is not exposed: the table shows its wall time
+    return Fit(model.net, samples, 0, notes=notes)
 
 
-def _resampled(fit: Fit, num: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """``num`` draws of ``fit``: each draw repeated equally, or resampled by its weights."""
-    count = len(next(iter(fit.samples.values())))
-    if fit.weights is None:
-        index = torch.arange(num) % count
-    else:
-        index = torch.multinomial(fit.weights.double().cpu(), num, replacement=True,
-                                  generator=generator)
-    return {k: v[index.to(v.device)] for k, v in fit.samples.items()}
-
-
-def scores(fit: Fit, probs_test: torch.Tensor | None, reference: Reference, data: Any,
-           seed: int) -> dict[str, float]:
-    """A method's distance to the reference: agreement and TV, or W2 (see the module)."""
+def scores(ev: Any, reference: Any, task: str, seed: int) -> dict[str, float]:
+    """A method's distance to the reference, from the two evaluations
+    (:class:`~pyro_flat.compare.evaluation.Evaluation`): agreement and TV of the test
+    probabilities, or W2 between :data:`PREDICTIVE_DRAWS` draws of each test predictive."""
     from pyro_flat import metrics
-    from pyro_flat.hmc_reference import reference_predictive
     from pyro_flat.regression import wasserstein2
 
-    if data.task == "classification":
-        ref = reference.test_predictive
-        return {"agreement": metrics.agreement(probs_test, ref),
-                "tv": metrics.total_variation(probs_test, ref)}
+    if task == "classification":
+        return {"agreement": metrics.agreement(ev.probs_test, reference.probs_test),
+                "tv": metrics.total_variation(ev.probs_test, reference.probs_test)}
     generator = torch.Generator().manual_seed(seed)
-    draws = _resampled(fit, PREDICTIVE_DRAWS, generator)
-    predictive = reference_predictive(reference.model, draws, data.x_test, kind="regression",
-                                      seed=seed)
-    return {"w2": wasserstein2(predictive.cpu(), reference.test_predictive.cpu())}
+    draws = ev.test.sample(PREDICTIVE_DRAWS, generator)
+    reference_draws = reference.test.sample(PREDICTIVE_DRAWS, generator)
+    return {"w2": wasserstein2(draws, reference_draws)}

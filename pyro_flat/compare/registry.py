@@ -11,13 +11,18 @@ refused by ``--methods``, never run with a stand-in.
 from __future__ import annotations
 
 from pyro_flat.compare import ensemble, mcmc, sgd, svi, swag
-from pyro_flat.compare.common import Method
+from pyro_flat.compare.common import Context, Fit, Method
 
 FAMILIES = (mcmc, svi, swag, ensemble)
 #: The reference that every comparison includes, last in the table.
 BASELINE = "sgd"
 #: All methods by name, in table order (the reference last).
 ALL: dict[str, Method] = {m.name: m for family in (*FAMILIES, sgd) for m in family.METHODS}
+#: Runners that are not methods: the HMC reference of ``--reference hmc``.
+REFERENCES: dict[str, Method] = {
+    "hmc": Method("hmc", "the NUTS reference (pyro_flat.compare.reference)",
+                  lambda name, ctx: _run_hmc(name, ctx), cost=50.0),
+}
 ALIASES = {alias: m.name for m in ALL.values() for alias in m.aliases}
 
 
@@ -29,6 +34,17 @@ def implemented() -> list[str]:
 def planned() -> list[str]:
     """Methods whose classes have not landed yet."""
     return [n for n, m in ALL.items() if not m.available()]
+
+
+def _run_hmc(name: str, ctx: Context) -> Fit:
+    from pyro_flat.compare.reference import run_hmc
+
+    return run_hmc(name, ctx)
+
+
+def method(name: str) -> Method:
+    """The method (or reference) called ``name``."""
+    return ALL[name] if name in ALL else REFERENCES[name]
 
 
 def canonical(name: str) -> str:

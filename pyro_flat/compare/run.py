@@ -64,8 +64,8 @@ def run_method(name: str, ctx: Context, export: bool = True) -> Outcome:
 
     start, cpu = time.perf_counter(), time.process_time()
     try:
-        fit = registry.ALL[name].run(name, ctx)
-        ev = evaluate(fit, ctx.data, ctx.seed)
+        fit = registry.method(name).run(name, ctx)
+        ev = evaluate(fit, ctx.data, ctx.seed, full=export)
         idata = None
         if export:
             idata = fit.idata if fit.idata is not None else to_arviz(
@@ -147,7 +147,7 @@ def _label(name: str) -> str:
 def _grads(job: Job) -> int:
     """The gradient evaluations ``job`` will report to the progress bar."""
     plan = job.ctx.plan
-    return plan.steps * (registry.ALL[job.method].grads_per_step if plan.unit == "steps" else 1)
+    return plan.steps * (registry.method(job.method).grads_per_step if plan.unit == "steps" else 1)
 
 
 def run_jobs(jobs: list[Job], workers: int, threads: int,
@@ -187,7 +187,7 @@ def _run_in_parallel(jobs: list[Job], workers: int, threads: int,
                    file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
     say = bar.write if bar is not None else _say
     jobs = [replace(job, ctx=replace(job.ctx, show_progress=False)) for job in jobs]
-    order = sorted(jobs, key=lambda j: -registry.ALL[j.method].cost * _grads(j))
+    order = sorted(jobs, key=lambda j: -registry.method(j.method).cost * _grads(j))
     outcomes: dict[str, Outcome] = {}
     start = time.perf_counter()
     try:
@@ -263,6 +263,19 @@ def tune(opts: Options, data: Any, settings: Settings, seed: int, todo: list[str
     return chosen, report
 
 
+def _score_against_reference(outcomes: dict[str, Outcome], name: str, task: str,
+                             seed: int) -> None:
+    """Add each run's distance to the reference ``name`` to its row (``nan`` when either
+    failed)."""
+    from pyro_flat.compare import reference
+
+    ref = outcomes[name][1]
+    for row, ev, *_ in outcomes.values():
+        found = (reference.scores(ev, ref, task, seed) if ev is not None and ref is not None
+                 else dict.fromkeys(reference.score_names(task), math.nan))
+        row.update(found)
+
+
 def run_seed(opts: Options, settings: Settings, plan: Plan, seed: int) -> SeedRun | None:
     """Run every method of ``opts`` and the reference with ``seed``; ``None`` (after saying
     why) when the data set cannot be loaded."""
@@ -288,9 +301,15 @@ def run_seed(opts: Options, settings: Settings, plan: Plan, seed: int) -> SeedRu
     chosen, tuning_report = dict.fromkeys(todo, settings), {}
     if opts.tune_plan is not None:
         chosen, tuning_report = tune(opts, data, settings, seed, todo, jobs)
-    outcomes = run_jobs(
-        [Job(name, name, Context(data, chosen[name], plan, seed, opts.model, opts.progress))
-         for name in todo], jobs, opts.threads, opts.progress)
+    final = [Job(name, name, Context(data, chosen[name], plan, seed, opts.model, opts.progress))
+             for name in todo]
+    if opts.reference != "none":  # at the defaults, never tuned; the last row
+        todo.append(opts.reference)
+        final.append(Job(opts.reference, opts.reference,
+                         Context(data, settings, plan, seed, opts.model, opts.progress)))
+    outcomes = run_jobs(final, jobs, opts.threads, opts.progress)
+    if opts.reference != "none":
+        _score_against_reference(outcomes, opts.reference, task_of(data), seed)
     rows, draws, evaluations, notes = [], {}, {}, {}
     for name in todo:  # the table keeps the order of the methods
         row, ev, idata, note = outcomes[name]
@@ -321,6 +340,10 @@ def compare(opts: Options, settings: Settings, plan: Plan) -> int:
     data = first.data
     task = task_of(data)
     metrics = task_metrics(task)[0]
+    if opts.reference != "none":
+        from pyro_flat.compare.reference import score_names
+
+        metrics = (*metrics, *score_names(task))
     several = len(runs) > 1
     meta = {
         "pyro_flat_version": __version__,
@@ -378,6 +401,12 @@ def compare(opts: Options, settings: Settings, plan: Plan) -> int:
                      "95% t interval excludes 0)\n\n" + seeds.format_paired(pairs, metrics))
     else:
         text = output.format_table(rows, metrics)
+    if opts.reference != "none":
+        from pyro_flat.compare import reference
+
+        meta["reference"] = {run.seed: run.notes.get(opts.reference) for run in runs}
+        meta["reference_scores"] = reference.SCORES
+        meta["metric_columns"] = list(metrics)
     if opts.tune_plan is not None:
         from pyro_flat.compare import tuning
 
