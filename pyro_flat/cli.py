@@ -114,6 +114,15 @@ Setup (the same for every method; see :class:`pyro_flat.compare.config.Settings`
   Student t intervals, in the table and in ``paired_differences.png``; ``results.csv`` then
   has one row per seed and method, the draws are ``draws_<method>_seed<s>.nc`` and the other
   figures are those of the first seed (:mod:`pyro_flat.compare.seeds`).
+* Tuning: with ``--tune``, on every seed each method first tries 4 settings of its
+  hyper-parameters (step size; and the radius, coupling or flattening of a flat-seeking method)
+  on a validation split held out of the training set (20%), each at a quarter of the budget,
+  and keeps the one with the lowest validation NLL (:mod:`pyro_flat.compare.tuning`); the
+  choices are printed and written with the results.
+* Reference: with ``--reference hmc``, full-batch NUTS (4 chains) samples the same model on
+  every seed, a row of its own, and every method is scored by its agreement and total
+  variation (classification) or Wasserstein-2 distance (regression) to the NUTS predictive
+  (:mod:`pyro_flat.compare.reference`); ``--hidden 16`` makes the MLP small enough for it.
 * torch runs on one CPU thread by default (``--threads``): the small networks gain nothing
   from more, and lose a lot when the machine is busy. Instead, ``--jobs`` methods run at a
   time, each in its own worker process (default: one per core, up to 2; on the CPU only).
