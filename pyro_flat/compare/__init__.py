@@ -14,5 +14,8 @@
   :mod:`~pyro_flat.compare.output`: the shared metrics, figures and output folder; for
   regression, :mod:`~pyro_flat.compare.mixture` (the Gaussian-mixture predictive and its
   scores) and :mod:`~pyro_flat.compare.regression_figures`;
-* :mod:`~pyro_flat.compare.run`: the loop over the methods.
+* :mod:`~pyro_flat.compare.tuning`: ``--tune``, the validation split and the declared searches;
+* :mod:`~pyro_flat.compare.reference`: ``--reference hmc``, the NUTS reference and the scores
+  against it;
+* :mod:`~pyro_flat.compare.run`: the loop over the methods (and the tuning runs).
 """
