@@ -139,3 +139,13 @@ def test_scores_use_the_mixture_sd_for_ood():
     assert row["rmse"] == pytest.approx(float(test.mean().square().mean().sqrt()))
     assert row["nll"] == pytest.approx(float(-test.log_prob(y).mean()))
     assert row["crps"] == pytest.approx(float(test.crps(y).mean()))
+
+
+def test_calibration_error_adds_misses_of_both_signs():
+    """Half the PIT values at the median (inside every interval), half at 0 (inside none):
+    every level is covered half the time, so the errors |0.5 - p| over p = 0.1, ..., 0.9 are
+    0.4, ..., 0, ..., 0.4, mean 2/9; signed errors would cancel to 0."""
+    pit = torch.tensor([0.5, 0.0] * 50, dtype=torch.float64)
+    coverage = central_coverage(pit, CALIBRATION_LEVELS)
+    assert torch.equal(coverage, torch.full((9,), 0.5, dtype=torch.float64))
+    assert calibration_error(pit) == pytest.approx(2 / 9, rel=1e-12)

@@ -166,3 +166,90 @@ def test_tasks_of_the_data_sets():
         evaluation.METRICS, frozenset({"accuracy", "ood_auroc"}))
     assert evaluation.task_metrics("regression") == (
         evaluation.REGRESSION_METRICS, frozenset({"ood_auroc"}))
+
+
+def test_plain_networks_train_on_the_context_loss(monkeypatch):
+    """SGD, SWAG and the ensembles (train_map) minimise Context.loss on each minibatch."""
+    from pyro_flat.compare.sgd import train_map
+
+    data = load_dataset("heteroscedastic", num_train=64)
+    plan = cli.make_plan(cli.Budget(steps=40), 0.8)
+    ctx = Context(data, task.task_settings("regression"), plan, seed=0, show_progress=False)
+    seen = []
+
+    def spy(self, output, y):
+        seen.append((tuple(output.shape), tuple(y.shape)))
+        return task.nll(self.task, output, y)
+
+    monkeypatch.setattr(Context, "loss", spy)
+    net = ctx.network()
+    before = ctx.loss(net(data.x_train), data.y_train).item()
+    train_map(ctx, net, 30)
+    assert seen[1:] == [((64, 2), (64,))] * 30  # one full batch of 64 per step
+    assert task.nll("regression", net(data.x_train), data.y_train).item() < before
+
+
+def test_importance_weights_enter_the_regression_mixture():
+    """ContourSGLD's weights: a weight of one on the second draw scores that draw alone."""
+    from types import SimpleNamespace
+
+    from pyro_flat.compare.common import Fit
+    from pyro_flat.compare.evaluation import evaluate
+    from pyro_flat.nn import make_bayesian
+
+    torch.manual_seed(0)
+    net = make_bayesian(torch.nn.Linear(1, 2))
+    samples = {"weight": torch.randn(3, 2, 1), "bias": torch.randn(3, 2)}
+    x = torch.linspace(-2, 2, 60).unsqueeze(1)
+    y = torch.sin(x).squeeze(1)
+    data = SimpleNamespace(x_train=x, y_train=y, x_test=x[:40], y_test=y[:40], x_ood=x[40:],
+                           task="regression")
+    weights = torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64)
+    weighted = evaluate(Fit(net, samples, 1, weights=weights), data, seed=0)
+    alone = evaluate(Fit(net, {k: v[1:2] for k, v in samples.items()}, 1), data, seed=0)
+    equal = evaluate(Fit(net, samples, 1), data, seed=0)
+    for key in evaluation.REGRESSION_METRICS:
+        assert weighted.metrics[key] == pytest.approx(alone.metrics[key], abs=1e-9), key
+    assert equal.metrics["nll"] != pytest.approx(alone.metrics["nll"], abs=1e-3)
+    x_curve, mixture = weighted.curve  # 1-D inputs: the predictive over a grid
+    assert x_curve.shape == (evaluation.CURVE_POINTS,) and mixture.loc.shape[1] == len(x_curve)
+
+
+def test_a_failing_regression_method_gets_an_empty_regression_row(tmp_path, monkeypatch):
+    import dataclasses
+
+    from pyro_flat.compare import registry
+
+    def diverged(method, ctx):
+        raise RuntimeError("the chain diverged")
+
+    monkeypatch.setitem(registry.ALL, "sghmc",
+                        dataclasses.replace(registry.ALL["sghmc"], run=diverged))
+    out = tmp_path / "out"
+    code, stdout, _ = run(["compare", "--dataset", "regression_gap", "--budget", "20",
+                           "--methods", "sghmc", "--jobs", "1", "--out", str(out)])
+    assert code == 1
+    header, rows = table_rows(stdout)
+    assert tuple(header) == HEADER
+    assert rows[0][:9] == ["sghmc (failed)", *["-"] * 8] and rows[1][0] == "sgd"
+    result = json.loads((out / "results.json").read_text())["results"]
+    assert result[0]["rmse"] is None and result[0]["calibration_error"] is None
+    assert (out / "predictive.png").is_file()  # of the methods that ran
+
+
+@pytest.mark.parametrize("count", [4, 7])
+def test_paired_difference_figure_has_a_panel_per_metric(tmp_path, monkeypatch, count):
+    from matplotlib.figure import Figure
+
+    from pyro_flat.compare import seeds
+
+    metrics = ("rmse", "nll", "crps", "calibration_error", "ood_auroc", "sharpness",
+               "accuracy")[:count]
+    by_seed = {s: [{"method": m, "status": "ok", **{k: v + 0.1 * s for k in metrics}}
+                   for m, v in (("sgld", 1.0), ("sasgld", 0.9))] for s in range(3)}
+    pairs = seeds.paired_differences(by_seed, metrics=metrics)
+    drawn = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: drawn.append(fig))
+    assert seeds.write_figure(tmp_path, pairs, metrics=metrics) == [seeds.FIGURE]
+    titles = [ax.get_title() for ax in drawn[0].axes if ax.axison]
+    assert [t.split(" (")[0] for t in titles] == [evaluation.HEADERS[m] for m in metrics]
