@@ -47,10 +47,13 @@ import torch
 
 from pyro_flat.compare.common import Context, Fit
 
-#: NUTS chains, adaptation steps and draws per chain, and the largest tree depth.
+#: NUTS chains.
 NUM_CHAINS = 4
+#: NUTS adaptation steps per chain (step size and diagonal mass matrix).
 WARMUP_STEPS = 200
+#: NUTS draws kept per chain.
 NUM_SAMPLES = 200
+#: The largest NUTS tree depth: at most ``2**6 = 64`` leapfrog steps per draw.
 MAX_TREE_DEPTH = 6
 #: Predictive draws of ``y`` per test point for a method's regression score.
 PREDICTIVE_DRAWS = 1000
