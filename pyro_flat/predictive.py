@@ -90,6 +90,17 @@ def _check_samples(
     return draws, num_draws
 
 
+def _draws_for(model_net: torch.nn.Module, samples: Mapping[str, torch.Tensor],
+               x: torch.Tensor) -> tuple[dict[str, torch.Tensor], int]:
+    """``samples`` checked against the sites of ``model_net`` on inputs ``x`` (checked too)."""
+    if not torch.is_tensor(x) or x.dim() < 1 or x.shape[0] == 0:
+        got = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
+        raise ValueError(
+            f"x must be a tensor of shape (num_data, ...) with num_data >= 1, got {got}"
+        )
+    return _check_samples(samples, _latent_sites(model_net, x[:1]))
+
+
 def bma_probs(
     model_net: torch.nn.Module,
     samples: Mapping[str, torch.Tensor],
@@ -151,13 +162,7 @@ def bma_probs(
     (torch.Size([7, 4]), True)
     """
     batch_size = validation.integer_at_least("batch_size", batch_size, 1)
-    if not torch.is_tensor(x) or x.dim() < 1 or x.shape[0] == 0:
-        got = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
-        raise ValueError(
-            f"x must be a tensor of shape (num_data, ...) with num_data >= 1, got {got}"
-        )
-    sites = _latent_sites(model_net, x[:1])
-    draws, num_draws = _check_samples(samples, sites)
+    draws, num_draws = _draws_for(model_net, samples, x)
 
     total = None
     per_draw = None
@@ -210,13 +215,7 @@ def draw_outputs(
     torch.Size([5, 7, 2])
     """
     batch_size = validation.integer_at_least("batch_size", batch_size, 1)
-    if not torch.is_tensor(x) or x.dim() < 1 or x.shape[0] == 0:
-        got = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
-        raise ValueError(
-            f"x must be a tensor of shape (num_data, ...) with num_data >= 1, got {got}"
-        )
-    sites = _latent_sites(model_net, x[:1])
-    draws, num_draws = _check_samples(samples, sites)
+    draws, num_draws = _draws_for(model_net, samples, x)
     out = []
     with torch.no_grad():
         for s in range(num_draws):
