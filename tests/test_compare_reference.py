@@ -49,6 +49,9 @@ def test_classification_reference_scores_every_method(tmp_path, small_nuts):
     diagnostics = result["reference"]["0"]
     assert diagnostics["chains"] == 2 and diagnostics["draws_per_chain"] == 8
     assert len(diagnostics["divergences"]) == 2
+    # 8 draws per chain cannot pass R-hat <= 1.01 and 100 effective draws per chain: flagged
+    assert diagnostics["converged"] is False and diagnostics["problems"]
+    assert "the HMC reference failed its convergence checks" in stdout
     for name in ("sgld", "swag", "sgd"):
         assert 0.0 <= rows[name]["agreement"] <= 1.0 and 0.0 <= rows[name]["tv"] <= 1.0
     # sgld's agreement recomputed from the exported draws and the reference's

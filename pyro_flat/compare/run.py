@@ -276,6 +276,17 @@ def _score_against_reference(outcomes: dict[str, Outcome], name: str, task: str,
         row.update(found)
 
 
+def _reference_warnings(notes_by_seed: dict[int, Any]) -> str:
+    """Lines under the table for every seed whose reference failed its convergence checks."""
+    lines = [f"seed {seed}: {'; '.join(notes['problems'])}"
+             for seed, notes in notes_by_seed.items()
+             if notes is not None and not notes.get("converged", True)]
+    if not lines:
+        return ""
+    return ("\n\nwarning: the HMC reference failed its convergence checks (scores against it "
+            "are not distances to the posterior):\n" + "\n".join(lines))
+
+
 def run_seed(opts: Options, settings: Settings, plan: Plan, seed: int) -> SeedRun | None:
     """Run every method of ``opts`` and the reference with ``seed``; ``None`` (after saying
     why) when the data set cannot be loaded."""
@@ -422,6 +433,8 @@ def compare(opts: Options, settings: Settings, plan: Plan) -> int:
         text += ("\n\nhyper-parameters chosen on the validation split (lowest validation NLL of "
                  f"{tuning.CANDIDATES} candidates per method)\n\n"
                  + tuning.format_choices(reports))
+    if opts.reference != "none":
+        text += _reference_warnings(meta["reference"])
     print(text, flush=True)
 
     def write(folder: Path) -> None:
