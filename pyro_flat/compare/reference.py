@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from pyro_flat.compare.common import Context, Fit
+from pyro_flat.compare.common import Context, Fit, Method
 
 #: NUTS chains.
 NUM_CHAINS = 4
@@ -96,16 +96,12 @@ def per_draw_predictions(model: Any, samples: dict[str, torch.Tensor], x: torch.
                          y: torch.Tensor) -> torch.Tensor:
     """``(S, N)`` function-space summaries of each draw on ``(x, y)``: the log-likelihood of
     each label (classification) or the predictive mean (regression)."""
-    import pyro.poutine as poutine
+    from pyro_flat.predictive import draw_outputs
 
-    out = []
-    with torch.no_grad():
-        for s in range(len(next(iter(samples.values())))):
-            draw = {k: v[s] for k, v in samples.items()}
-            output = poutine.condition(model.net, data=draw)(x)
-            d = model.likelihood.distribution(output, {})
-            out.append(d.log_prob(y) if y.dtype == torch.int64 else d.mean)
-    return torch.stack(out)
+    outputs = draw_outputs(model.net, samples, x)  # (S, N, ...)
+    d = model.likelihood.distribution(outputs.flatten(0, 1), {})
+    values = d.log_prob(y.repeat(len(outputs))) if y.dtype == torch.int64 else d.mean
+    return values.reshape(len(outputs), -1)
 
 
 def run_hmc(method: str, ctx: Context) -> Fit:
@@ -161,3 +157,7 @@ def scores(ev: Any, reference: Any, task: str, seed: int) -> dict[str, float]:
     draws = ev.test.sample(PREDICTIVE_DRAWS, generator)
     reference_draws = reference.test.sample(PREDICTIVE_DRAWS, generator)
     return {"w2": wasserstein2(draws, reference_draws)}
+
+
+#: The reference as a runner of ``compare`` (``--reference hmc``; not one of the methods).
+METHOD = Method("hmc", "the NUTS reference (pyro_flat.compare.reference)", run_hmc, cost=50.0)

@@ -10,8 +10,8 @@ refused by ``--methods``, never run with a stand-in.
 
 from __future__ import annotations
 
-from pyro_flat.compare import ensemble, mcmc, sgd, svi, swag
-from pyro_flat.compare.common import Context, Fit, Method
+from pyro_flat.compare import ensemble, mcmc, reference, sgd, svi, swag
+from pyro_flat.compare.common import Method
 
 FAMILIES = (mcmc, svi, swag, ensemble)
 #: The reference that every comparison includes, last in the table.
@@ -19,10 +19,7 @@ BASELINE = "sgd"
 #: All methods by name, in table order (the reference last).
 ALL: dict[str, Method] = {m.name: m for family in (*FAMILIES, sgd) for m in family.METHODS}
 #: Runners that are not methods: the HMC reference of ``--reference hmc``.
-REFERENCES: dict[str, Method] = {
-    "hmc": Method("hmc", "the NUTS reference (pyro_flat.compare.reference)",
-                  lambda name, ctx: _run_hmc(name, ctx), cost=50.0),
-}
+REFERENCES: dict[str, Method] = {reference.METHOD.name: reference.METHOD}
 ALIASES = {alias: m.name for m in ALL.values() for alias in m.aliases}
 
 
@@ -34,12 +31,6 @@ def implemented() -> list[str]:
 def planned() -> list[str]:
     """Methods whose classes have not landed yet."""
     return [n for n, m in ALL.items() if not m.available()]
-
-
-def _run_hmc(name: str, ctx: Context) -> Fit:
-    from pyro_flat.compare.reference import run_hmc
-
-    return run_hmc(name, ctx)
 
 
 def method(name: str) -> Method:
