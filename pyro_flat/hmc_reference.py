@@ -62,6 +62,7 @@ import pyro.util
 import torch
 from pyro.distributions.torch_distribution import ExpandedDistribution, MaskedDistribution
 from pyro.infer import MCMC, NUTS, Predictive
+from pyro.infer.autoguide.initialization import init_to_sample
 from pyro.ops.stats import gelman_rubin
 from scipy import stats
 
@@ -288,9 +289,14 @@ def hmc_reference(
     reference for approximate methods (Izmailov et al. 2021).
 
     Method: ``num_chains`` runs of Pyro's :class:`~pyro.infer.NUTS` (Hoffman & Gelman 2014;
-    step size and diagonal mass matrix adapted during ``warmup_steps``, Pyro's defaults:
-    ``target_accept_prob=0.8``, starts drawn uniformly in ``(-2, 2)`` in the unconstrained
-    space, which over-disperses them as R-hat needs), one after the other in this process.
+    step size and diagonal mass matrix adapted during ``warmup_steps`` towards Pyro's default
+    ``target_accept_prob=0.8``), one after the other in this process. Each chain starts at a
+    draw from the prior (:func:`~pyro.infer.autoguide.initialization.init_to_sample`; pass
+    ``init_strategy`` to change it): the starts are over-dispersed relative to the posterior, as
+    R-hat needs, and on the prior's scale. Pyro's default, uniform in ``(-2, 2)`` in the
+    unconstrained space, is far outside a network prior of scale ``3 / sqrt(fan_in)``: on a
+    heteroscedastic regression network such a start can predict scales at their floor, and the
+    chain then adapts its step size to almost nothing and never leaves its start.
     Chain ``c`` starts from ``pyro.set_rng_seed(chain_seeds[c])``, the seeds drawn from
     ``numpy.random.SeedSequence(seed)``, so a chain depends on nothing but its seed and the
     result is reproducible; the global random state is restored afterwards. Pyro's own
@@ -341,7 +347,8 @@ def hmc_reference(
         Pyro's progress bar off (the default) or on.
     **nuts_kwargs
         Passed to :class:`pyro.infer.NUTS`, e.g. ``target_accept_prob=0.9``,
-        ``max_tree_depth=8``, ``jit_compile=True``.
+        ``max_tree_depth=8``, ``jit_compile=True``, ``init_strategy=init_to_uniform`` (the
+        default here is ``init_to_sample``).
 
     Returns
     -------
@@ -386,6 +393,7 @@ def hmc_reference(
     if model_kwargs is not None and not isinstance(model_kwargs, Mapping):
         raise ValueError(f"model_kwargs must be a dict, got {type(model_kwargs).__name__}")
     model_kwargs = dict(model_kwargs or {})
+    nuts_kwargs.setdefault("init_strategy", init_to_sample)
     try:
         NUTS(model, **nuts_kwargs)
     except TypeError as e:
