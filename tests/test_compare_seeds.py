@@ -24,6 +24,17 @@ def test_summary_leaves_out_failed_seeds():
     assert summary["nll"] == 2.0 and summary["nll_se"] == pytest.approx(1.0)
 
 
+def test_failed_runs_are_listed_with_their_seed_and_reason():
+    by_seed = {0: [row("sgld", 1.0), row("sasgld", 0.9)],
+               3: [row("sgld", math.nan, "failed: RuntimeError: the chain diverged"),
+                   row("sasgld", 0.8)],
+               1: [row("sgld", 2.0), row("sasgld", math.nan, "failed: x")]}
+    assert seeds.format_failures(by_seed).splitlines() == [
+        "- sasgld, seed 1: failed: x",
+        "- sgld, seed 3: failed: RuntimeError: the chain diverged"]
+    assert seeds.format_failures({0: [row("sgld", 1.0)]}) == ""
+
+
 def test_paired_differences_and_their_t_interval():
     rng = np.random.default_rng(0)
     base = rng.normal(1.0, 0.2, size=5)
@@ -72,3 +83,33 @@ def test_no_significance_from_two_seeds_or_no_spread():
         assert p["accuracy"] == pytest.approx(0.0067) and not p["accuracy_significant"]
     by_seed = {s: [row("sgld", 1.0), row("sasgld", 1.0 - 0.1 - 0.001 * s)] for s in range(2)}
     assert not seeds.paired_differences(by_seed)[0]["nll_significant"]  # two seeds only
+
+
+def test_compare_lists_a_failed_seed_under_its_tables(tmp_path, monkeypatch):
+    import contextlib
+    import dataclasses
+    import io
+
+    from pyro_flat import cli
+    from pyro_flat.compare import registry
+
+    original = registry.ALL["sghmc"]
+
+    def diverges_on_seed_1(method, ctx):
+        if ctx.seed == 1:
+            raise RuntimeError("the chain diverged")
+        return original.run(method, ctx)
+
+    failing = dataclasses.replace(original, run=diverges_on_seed_1)
+    monkeypatch.setitem(registry.ALL, "sghmc", failing)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = cli.main(["compare", "--dataset", "regression_gap", "--budget", "20", "--seeds",
+                         "2", "--methods", "sghmc", "--jobs", "1", "--out",
+                         str(tmp_path / "out")])
+    assert code == 1
+    text = out.getvalue()
+    assert "failed runs (left out of the means and of the pairs they belong to)" in text
+    assert "- sghmc, seed 1: failed: RuntimeError: the chain diverged" in text
+    assert "seed 0: failed" not in text
+    assert "- sghmc, seed 1" in (tmp_path / "out" / "results.md").read_text()

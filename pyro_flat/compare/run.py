@@ -410,6 +410,10 @@ def compare(opts: Options, settings: Settings, plan: Plan) -> int:
         if pairs:
             text += ("\n\npaired differences, method - baseline (mean ± standard error; * the "
                      "95% t interval excludes 0)\n\n" + seeds.format_paired(pairs, metrics))
+        failures = seeds.format_failures(by_seed)
+        if failures:
+            text += ("\n\nfailed runs (left out of the means and of the pairs they belong to)"
+                     "\n\n" + failures)
     else:
         text = output.format_table(rows, metrics)
     if opts.reference != "none":

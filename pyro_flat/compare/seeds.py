@@ -177,6 +177,18 @@ def format_paired(pairs: Sequence[Mapping], metrics: Sequence[str] = METRICS) ->
     return markdown_table(header, lines)
 
 
+def format_failures(rows_by_seed: Mapping[int, Sequence[Mapping]]) -> str:
+    """One line per failed run, ``- method, seed s: status``, in seed order; ``""`` if none.
+
+    >>> print(format_failures({0: [{"method": "sgld", "status": "ok"}],
+    ...                        1: [{"method": "sgld", "status": "failed: diverged"}]}))
+    - sgld, seed 1: failed: diverged
+    """
+    return "\n".join(f"- {r['method']}, seed {seed}: {r['status']}"
+                     for seed, rows in sorted(rows_by_seed.items()) for r in rows
+                     if r.get("status", "ok") != "ok")
+
+
 def write_figure(folder: Path, pairs: Sequence[Mapping], dpi: int = 80,
                  metrics: Sequence[str] = METRICS) -> list[str]:
     """One panel per metric (up to three panels a row): each pair's mean difference with its
