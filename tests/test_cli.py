@@ -46,6 +46,12 @@ def run(argv):
     return code, out.getvalue(), err.getvalue()
 
 
+def replace_runner(monkeypatch, name, runner):
+    """Make ``compare`` run ``runner(method, ctx)`` for the method ``name`` (e.g. one that
+    raises), for this test only."""
+    monkeypatch.setitem(registry.ALL, name, dataclasses.replace(registry.ALL[name], run=runner))
+
+
 def table_rows(stdout):
     lines = [line for line in stdout.splitlines() if line.startswith("|")]
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
@@ -336,8 +342,7 @@ def test_a_failing_method_is_reported_not_faked(tmp_path, monkeypatch):
     def diverged(method, ctx):
         raise RuntimeError("the chain diverged\nat step 3")
 
-    monkeypatch.setitem(registry.ALL, "sghmc",
-                        dataclasses.replace(registry.ALL["sghmc"], run=diverged))
+    replace_runner(monkeypatch, "sghmc", diverged)
     out = tmp_path / "out"
     code, stdout, stderr = run(["compare", "--dataset", "digits", "--budget", "20", "--methods",
                                 "sgld,sghmc", "--jobs", "1", "--out", str(out)])

@@ -1,14 +1,13 @@
 """``compare --reference hmc``: the NUTS reference row, and each method's agreement, total
 variation or Wasserstein-2 distance to it."""
 
-import contextlib
-import io
 import json
 
 import pytest
 import torch
+from test_cli import run
 
-from pyro_flat import cli, metrics
+from pyro_flat import metrics
 from pyro_flat.compare import reference
 from pyro_flat.regression import wasserstein2
 
@@ -23,13 +22,6 @@ def small_nuts(monkeypatch):
     monkeypatch.setattr(reference, "MAX_TREE_DEPTH", 4)
 
 
-def _main(argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(argv)
-    return code, out.getvalue(), err.getvalue()
-
-
 def _rows(out):
     result = json.loads((out / "results.json").read_text())
     return result, {r["method"]: r for r in result["results"]}
@@ -37,7 +29,7 @@ def _rows(out):
 
 def test_classification_reference_scores_every_method(tmp_path, small_nuts):
     out = tmp_path / "out"
-    code, stdout, stderr = _main(["compare", "--dataset", "digits", "--hidden", "4",
+    code, stdout, stderr = run(["compare", "--dataset", "digits", "--hidden", "4",
                                   "--budget", "40", "--methods", "sgld,swag",
                                   "--reference", "hmc", "--jobs", "1", "--out", str(out)])
     assert code == 0, stderr
@@ -81,7 +73,7 @@ def test_classification_reference_scores_every_method(tmp_path, small_nuts):
 
 def test_regression_w2_is_the_distance_between_predictive_draws(tmp_path, small_nuts):
     out = tmp_path / "out"
-    code, stdout, stderr = _main(["compare", "--dataset", "diabetes", "--hidden", "4",
+    code, stdout, stderr = run(["compare", "--dataset", "diabetes", "--hidden", "4",
                                   "--budget", "40", "--methods", "sgld",
                                   "--reference", "hmc", "--jobs", "1", "--out", str(out)])
     assert code == 0, stderr

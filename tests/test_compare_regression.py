@@ -10,7 +10,7 @@ import numpy as np
 import pyro
 import pytest
 import torch
-from test_cli import run, table_rows
+from test_cli import replace_runner, run, table_rows
 
 from pyro_flat import cli
 from pyro_flat.compare import evaluation, figures, output, task
@@ -216,15 +216,10 @@ def test_importance_weights_enter_the_regression_mixture():
 
 
 def test_a_failing_regression_method_gets_an_empty_regression_row(tmp_path, monkeypatch):
-    import dataclasses
-
-    from pyro_flat.compare import registry
-
     def diverged(method, ctx):
         raise RuntimeError("the chain diverged")
 
-    monkeypatch.setitem(registry.ALL, "sghmc",
-                        dataclasses.replace(registry.ALL["sghmc"], run=diverged))
+    replace_runner(monkeypatch, "sghmc", diverged)
     out = tmp_path / "out"
     code, stdout, _ = run(["compare", "--dataset", "regression_gap", "--budget", "20",
                            "--methods", "sghmc", "--jobs", "1", "--out", str(out)])

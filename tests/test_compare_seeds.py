@@ -86,11 +86,8 @@ def test_no_significance_from_two_seeds_or_no_spread():
 
 
 def test_compare_lists_a_failed_seed_under_its_tables(tmp_path, monkeypatch):
-    import contextlib
-    import dataclasses
-    import io
+    from test_cli import replace_runner, run
 
-    from pyro_flat import cli
     from pyro_flat.compare import registry
 
     original = registry.ALL["sghmc"]
@@ -100,15 +97,10 @@ def test_compare_lists_a_failed_seed_under_its_tables(tmp_path, monkeypatch):
             raise RuntimeError("the chain diverged")
         return original.run(method, ctx)
 
-    failing = dataclasses.replace(original, run=diverges_on_seed_1)
-    monkeypatch.setitem(registry.ALL, "sghmc", failing)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-        code = cli.main(["compare", "--dataset", "regression_gap", "--budget", "20", "--seeds",
-                         "2", "--methods", "sghmc", "--jobs", "1", "--out",
-                         str(tmp_path / "out")])
+    replace_runner(monkeypatch, "sghmc", diverges_on_seed_1)
+    code, text, _ = run(["compare", "--dataset", "regression_gap", "--budget", "20", "--seeds",
+                         "2", "--methods", "sghmc", "--jobs", "1", "--out", str(tmp_path / "out")])
     assert code == 1
-    text = out.getvalue()
     assert "failed runs (left out of the means and of the pairs they belong to)" in text
     assert "- sghmc, seed 1: failed: RuntimeError: the chain diverged" in text
     assert "seed 0: failed" not in text

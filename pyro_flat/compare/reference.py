@@ -9,8 +9,8 @@ samples the same model, with the whole training set in every step (``BNN(...,
 subsample_size=None)``): :data:`NUM_CHAINS` chains of :data:`WARMUP_STEPS` adaptation steps
 and :data:`NUM_SAMPLES` draws, trees of depth at most :data:`MAX_TREE_DEPTH`, step sizes
 adapted to an acceptance rate of :data:`TARGET_ACCEPT_PROB`, each chain from its own seed and
-a draw from the prior. Only a network small enough for full-batch NUTS is practical (``--hidden 16``
-on digits or diabetes on 2 cores: minutes per seed).
+a draw from the prior. Only a network small enough for full-batch NUTS is practical
+(``--hidden 16`` on digits or diabetes on 2 cores: minutes per seed).
 
 The reference runs as one more job beside the methods, at the default settings (never
 tuned). Each method is then scored against the reference predictive on the test inputs:
@@ -31,9 +31,9 @@ equivalent modes) and over the *function*, the per-draw predictions on the test 
 log-likelihood of each test label, or the predictive mean), which is what the scores compare
 (Izmailov et al. 2021, section 4), the bulk ESS and the divergent transitions. A reference whose
 function-space R-hat exceeds :data:`MAX_RHAT` at some test point, or that had a divergent
-transition, is flagged (the weights' R-hat is reported, not checked: equivalent modes inflate
-it however well the predictions agree) (``converged: false`` with the reasons), and ``compare`` says
-so under its table: scores against an unconverged reference measure distance to whatever the
+transition, is flagged (``converged: false`` with the reasons; the weights' R-hat is reported,
+not checked: equivalent modes inflate it however well the predictions agree), and ``compare``
+says so under its table: scores against an unconverged reference measure distance to whatever the
 chains found, not to the posterior.
 
 References
@@ -129,17 +129,17 @@ def run_hmc(method: str, ctx: Context) -> Fit:
     samples = ref.samples
     function = per_draw_predictions(model, samples, data.x_test, data.y_test)
     function_rhat = split_rhat(function.reshape(NUM_CHAINS, NUM_SAMPLES, -1))
+    worst = float(function_rhat.nan_to_num(float("inf")).max())  # a nan R-hat counts as failed
     notes = {
         "chains": NUM_CHAINS, "warmup_steps": WARMUP_STEPS, "draws_per_chain": NUM_SAMPLES,
         "max_tree_depth": MAX_TREE_DEPTH, "target_accept_prob": TARGET_ACCEPT_PROB,
         "start": "a prior draw per chain", "nuts_seconds": round(seconds, 1),
         "max_rhat_weights": ref.max_rhat, "min_ess_bulk_weights": ref.min_ess_bulk,
-        "max_rhat_function": float(function_rhat.nan_to_num(float("inf")).max()),
+        "max_rhat_function": worst,
         "median_rhat_function": float(function_rhat.nanmedian()),
         "divergences": ref.divergences, "chain_seeds": ref.chain_seeds,
     }
     problems = []
-    worst = float(function_rhat.nan_to_num(float("inf")).max())
     if not worst <= MAX_RHAT:
         problems.append(f"max function-space R-hat {worst:.3g} > {MAX_RHAT}")
     if sum(ref.divergences):
