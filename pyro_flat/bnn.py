@@ -8,6 +8,7 @@ way that keeps the network's priors out of the data plate.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import pyro
@@ -19,6 +20,23 @@ from pyro_flat.likelihoods import Likelihood
 from pyro_flat.nn import make_bayesian
 
 __all__ = ["BNN"]
+
+
+def _targets(y: torch.Tensor, d: Any) -> torch.Tensor:
+    """The minibatch's targets in the distribution's shape (the rule in :class:`BNN`)."""
+    shape = (*d.batch_shape, *d.event_shape)
+    if tuple(y.shape) == (*shape, 1):
+        return y.squeeze(-1)
+    if y.dim() > len(shape) or tuple(y.shape) != shape[len(shape) - y.dim():]:
+        # (the distribution may have leading dimensions of its own: vectorised particles)
+        raise ValueError(
+            f"BNN: observed site 'obs': the targets of the minibatch have shape "
+            f"{tuple(y.shape)} and the likelihood's distribution has shape {shape} (batch "
+            f"{tuple(d.batch_shape)}, event {tuple(d.event_shape)}); give one target per row "
+            f"of x in the distribution's shape (or with one more trailing dimension of size 1, "
+            f"which is dropped), e.g. class indices of shape (N,) for Categorical, not one-hot "
+            f"rows")
+    return y
 
 
 class BNN(PyroModule):
@@ -38,6 +56,20 @@ class BNN(PyroModule):
     plate they would be batched over the data). With ``subsample_size=None`` the plate is the
     full batch, the model NUTS takes; our kernels also minibatch it with their own
     ``subsample_size``.
+
+    **Targets.** ``y`` holds one target per row of ``x``, and the minibatch's targets must
+    have the shape of the likelihood's distribution (``batch_shape + event_shape``: ``(B,)``
+    for the built-in likelihoods; its trailing dimensions, if the distribution has leading
+    ones of its own, such as vectorised particles). One rule widens this: targets with one trailing
+    dimension of size 1 more than the distribution, e.g. regression targets of shape
+    ``(N, 1)`` against a mean of shape ``(B,)``, are read without it (``y.squeeze(-1)``), so
+    ``(N,)`` and ``(N, 1)`` give the same model. Any other shape raises ``ValueError`` naming
+    the site ``"obs"`` and both shapes (torch would broadcast it silently: ``(B, 1)`` against
+    ``(B,)`` scores every target against every mean, a ``(B, B)`` log-density).
+
+    **Dtype.** The likelihood's latent sites (``obs_scale``) take the floating dtype of ``x``
+    (torch's default dtype for integer inputs), so a float64 network fed float64 inputs has
+    float64 latents too.
 
     Parameters
     ----------
@@ -90,22 +122,35 @@ class BNN(PyroModule):
         self.subsample_size = None if subsample_size is None else validation.integer_at_least(
             "subsample_size", subsample_size, 1)
 
+    def _latents(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The likelihood's latents, in the dtype of ``x`` if its ``latents`` takes one."""
+        likelihood = self.likelihood
+        takes = self.__dict__.get("_takes_dtype")
+        if takes is None or takes[0] is not likelihood:  # inspected once per likelihood
+            takes = (likelihood, "dtype" in inspect.signature(likelihood.latents).parameters)
+            self.__dict__["_takes_dtype"] = takes
+        if not takes[1]:
+            return likelihood.latents()
+        return likelihood.latents(
+            dtype=x.dtype if x.is_floating_point() else torch.get_default_dtype())
+
     def extra_repr(self) -> str:
         return f"likelihood={self.likelihood!r}, subsample_size={self.subsample_size}"
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the model on inputs ``x`` (``(N, ...)``) and targets ``y`` (``(N,)``, or
-        ``None`` to sample them); returns the targets of the minibatch."""
+        """Run the model on inputs ``x`` (``(N, ...)``) and targets ``y`` (``(N,)``, ``(N,
+        1)`` read as ``(N,)``, or ``None`` to sample them); returns the targets of the
+        minibatch."""
         n = x.shape[0]
         if y is not None and len(y) != n:
             raise ValueError(f"y must hold one target per row of x: len(x) = {n}, "
                              f"len(y) = {len(y)}")
-        latents = self.likelihood.latents()
+        latents = self._latents(x)
         size = None if self.subsample_size is None else min(self.subsample_size, n)
         plate = pyro.plate("data", n, subsample_size=size)
         with plate as ind:
             pass
         out = self.net(x[ind])
         with plate:
-            return pyro.sample("obs", self.likelihood.distribution(out, latents),
-                               obs=None if y is None else y[ind])
+            d = self.likelihood.distribution(out, latents)
+            return pyro.sample("obs", d, obs=None if y is None else _targets(y[ind], d))

@@ -17,8 +17,11 @@ import pyro.poutine as poutine
 import pyro.util
 import torch
 from pyro.poutine.subsample_messenger import _Subsample
+from pyro.poutine.util import site_is_subsample
 
 from pyro_flat import validation
+from pyro_flat.batchnorm_state import evaluation_mode
+from pyro_flat.observed_shapes import check_observed_site
 from pyro_flat.subsample import InjectIndices
 
 if TYPE_CHECKING:
@@ -40,6 +43,7 @@ def to_arviz(
     log_likelihood: bool | None = None,
     posterior_predictive: bool | None = None,
     observed_data: bool | None = None,
+    eval_mode: bool = True,
 ) -> Any:
     """Convert a finished :class:`pyro.infer.MCMC` run, or a dict of draws, to ArviZ.
 
@@ -74,6 +78,26 @@ def to_arviz(
       The replicates are drawn from the global random stream, which is restored afterwards:
       exporting does not shift the random numbers of the caller.
 
+    **The replay leaves the model as it was.** By default (``eval_mode=True``) the model is
+    replayed in evaluation mode: every :class:`torch.nn.Module` reachable from it
+    (:func:`pyro_flat.batchnorm_state.model_modules`: the model, its module attributes, a
+    function's closure and the global modules it names, and their submodules) has
+    ``training = False`` during the replay, so Dropout is off and BatchNorm normalises with
+    its running statistics as they are (not recomputed per draw: see
+    :func:`pyro_flat.batchnorm.recompute_batchnorm`). Afterwards every module's ``training``
+    flag and every BatchNorm layer's ``running_mean``, ``running_var`` and
+    ``num_batches_tracked`` are exactly what they were, whatever ``eval_mode``.
+
+    **Draws and sites must match.** With a model, every draw must be a sample site of the
+    model (latent, observed, deterministic or a plate's subsample site) or a kernel's copy of
+    one named ``site + "__" + suffix`` (EntropyMCMC's ``site__guide``, which is not replayed),
+    and every latent sample site of the model must have a draw: otherwise the replay would
+    draw that latent from its prior. Both are a ``ValueError`` naming the site.
+
+    **Observed shapes.** An observed site whose value and distribution broadcast into a larger
+    log-density (targets ``(N, 1)`` against a mean ``(B,)``) is a ``ValueError`` naming the
+    site and both shapes (:mod:`pyro_flat.observed_shapes`).
+
     Each group carries the attributes ``inference_library="pyro"``,
     ``inference_library_version``, ``pyro_flat_kernel`` (the class name of ``mcmc.kernel``)
     and, for pyro_flat kernels, ``num_sg_steps`` (SG steps taken by each chain).
@@ -106,6 +130,12 @@ def to_arviz(
         Add these groups (see above). ``None`` (default): add them when there is a model (a
         kernel built from one, or ``model``) with observed sites. ``True`` without a model
         raises.
+    eval_mode : bool
+        ``True`` (default): replay the model with every reachable module in evaluation mode
+        (Dropout off, BatchNorm on its running statistics). ``False``: replay the modules in
+        the mode they are in (a network left in training mode keeps Dropout on and normalises
+        with each replayed batch's statistics). Either way the modules' modes and BatchNorm's
+        running statistics are restored afterwards.
 
     Returns
     -------
@@ -119,7 +149,9 @@ def to_arviz(
         site, ``var_names`` names unknown sites (the message lists the available ones), ``thin``
         is not a positive integer, ``dims`` gives a site a number of names other than its
         number of dimensions, or a replayed group is asked for without a model (or the model
-        has no observed site).
+        has no observed site); for a replay, a draw that is not a site of the model, a latent
+        site of the model without a draw, or an observed site whose value and distribution
+        broadcast into a larger log-density.
 
     Examples
     --------
@@ -190,8 +222,9 @@ def to_arviz(
     if model is not None and any(flag or flag is None for flag in flags):
         rng = pyro.util.get_rng_state()
         try:
-            replay = _replay_observed(model, tuple(model_args), dict(model_kwargs or {}),
-                                      all_samples, thin, posterior_predictive is not False)
+            with evaluation_mode(model, enabled=bool(eval_mode)):
+                replay = _replay_observed(model, tuple(model_args), dict(model_kwargs or {}),
+                                          all_samples, thin, posterior_predictive is not False)
         finally:
             pyro.util.set_rng_state(rng)
         if replay is None:
@@ -346,15 +379,42 @@ def _draws_as_one_chain(draws: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _check_draw_names(trace: poutine.Trace, names: Sequence[str]) -> None:
+    """Every draw must be a site of the model (or a kernel's ``site__suffix`` copy of one) and
+    every latent site of the model must have a draw; ``trace``: the model conditioned on a
+    draw."""
+    sites = {n for n, s in trace.nodes.items() if s["type"] == "sample"}
+    for name in names:
+        if name in sites:
+            continue
+        copies = [name[:i] for i in range(1, len(name) - 2)
+                  if name.startswith("__", i) and name[:i] in sites]
+        if not copies:
+            raise ValueError(
+                f"the draw {name!r} is not a sample site of the model, so the replay would "
+                f"ignore it (and draw the latent it stands for from its prior); the model's "
+                f"sample sites: {sorted(sites)}. Rename the draw after its site, or leave it out")
+    missing = [n for n, s in trace.nodes.items()
+               if s["type"] == "sample" and not s["is_observed"] and not site_is_subsample(s)]
+    if missing:
+        raise ValueError(
+            f"the model's latent site {missing[0]!r} has no draw, so the replay would draw it "
+            f"from its prior (latent sites without draws: {missing}; the draws: "
+            f"{sorted(names)}). Export draws of every latent site, or pass the model they "
+            "belong to")
+
+
 def _chunks(model: Any, args: tuple, kwargs: dict, draw: dict) -> list[tuple]:
     """How to cover all the data: ``[(injector or None, plate name, keep from)]``.
 
     A model without subsampling runs once. A model with a subsampled plate (full size ``N``,
     batches of ``B``) runs on consecutive index batches; the last batch is ``[N - B, N)`` of
-    which only the indices not seen before are kept (the plate's batch size is fixed).
+    which only the indices not seen before are kept (the plate's batch size is fixed). The
+    draw's names are checked against the model's sites here (:func:`_check_draw_names`).
     """
     with torch.no_grad():
         trace = poutine.trace(poutine.condition(model, data=draw)).get_trace(*args, **kwargs)
+    _check_draw_names(trace, list(draw))
     plates = {(n, s["fn"].size, s["fn"].subsample_size) for n, s in trace.nodes.items()
               if s["type"] == "sample" and type(s["fn"]) is _Subsample
               and s["fn"].subsample_size is not None  # None: a full-batch plate
@@ -409,6 +469,7 @@ def _replay_observed(
                     if (site["type"] != "sample" or not site["is_observed"]
                             or name in draw):  # condition() marks the draw's sites observed
                         continue
+                    check_observed_site(site)
                     value = site["value"]
                     dim = _plate_dim(site, plate, value)
                     values = {"log_likelihood": site["fn"].log_prob(value),

@@ -44,9 +44,15 @@ class Likelihood:
     :meth:`latents`.
     """
 
-    def latents(self) -> dict[str, torch.Tensor]:
+    def latents(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """Draw the likelihood's own latent sites (called once per model run, outside the
-        data plate); none by default."""
+        data plate); none by default.
+
+        ``dtype``: the floating dtype of the latents' priors (:class:`~pyro_flat.bnn.BNN`
+        passes the dtype of its inputs, so that a float64 network has float64 latents);
+        ``None``: torch's default dtype. A subclass whose ``latents`` takes no ``dtype`` is
+        called without it.
+        """
         return {}
 
     def distribution(self, output: torch.Tensor, latents: dict[str, torch.Tensor]
@@ -92,7 +98,8 @@ class HomoskedasticGaussian(Likelihood):
     ----------
     scale : float, optional
         A fixed ``sigma > 0``. ``None`` (default) learns it: the latent site ``obs_scale``
-        with prior ``HalfNormal(prior_scale)``.
+        with prior ``HalfNormal(prior_scale)``, in the dtype ``latents`` is given (in a
+        :class:`~pyro_flat.bnn.BNN`, its inputs' dtype).
     prior_scale : float
         The scale of the ``HalfNormal`` prior of a learned ``sigma``, ``> 0``.
     """
@@ -101,10 +108,12 @@ class HomoskedasticGaussian(Likelihood):
         self.scale = None if scale is None else validation.positive("scale", scale)
         self.prior_scale = validation.positive("prior_scale", prior_scale)
 
-    def latents(self) -> dict[str, torch.Tensor]:
+    def latents(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         if self.scale is not None:
             return {}
-        return {"obs_scale": pyro.sample("obs_scale", dist.HalfNormal(self.prior_scale))}
+        scale = self.prior_scale if dtype is None else torch.tensor(self.prior_scale,
+                                                                    dtype=dtype)
+        return {"obs_scale": pyro.sample("obs_scale", dist.HalfNormal(scale))}
 
     def distribution(self, output: torch.Tensor, latents: dict[str, Any]) -> dist.Distribution:
         scale = latents["obs_scale"] if self.scale is None else self.scale

@@ -13,6 +13,7 @@ import pyro.infer.mcmc.api
 import pytest
 import torch
 from pyro.infer import MCMC, NUTS
+from pyro.nn import PyroModule, PyroSample
 
 from pyro_flat import to_arviz
 from pyro_flat.infer import SGHMC, SGLD
@@ -451,3 +452,161 @@ def test_sample_stats_public_accessor(runs, nuts_run):
     assert list(sample_stats(nuts_run)) == ["diverging"]
     with pytest.raises(ValueError, match="mcmc.run"):
         sample_stats(MCMC(NUTS(tiny_model), num_samples=5, disable_progbar=True))
+
+
+# ------------------------------------------- the replay leaves the model as it was (eval mode)
+
+
+class DropoutBatchNormNet(PyroModule):
+    """A 3-16-1 network with BatchNorm and Dropout, written as a Pyro user writes it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = PyroModule[torch.nn.Linear](3, 16)
+        self.fc1.weight = PyroSample(dist.Normal(0.0, 1.0).expand([16, 3]).to_event(2))
+        self.fc1.bias = PyroSample(dist.Normal(0.0, 1.0).expand([16]).to_event(1))
+        self.bn = torch.nn.BatchNorm1d(16)
+        self.drop = torch.nn.Dropout(0.5)
+        self.fc2 = PyroModule[torch.nn.Linear](16, 1)
+        self.fc2.weight = PyroSample(dist.Normal(0.0, 1.0).expand([1, 16]).to_event(2))
+        self.fc2.bias = PyroSample(dist.Normal(0.0, 1.0).expand([1]).to_event(1))
+
+    def forward(self, x):
+        return self.fc2(self.drop(torch.tanh(self.bn(self.fc1(x))))).squeeze(-1)
+
+
+class DropoutBatchNormRegression(PyroModule):
+    def __init__(self):
+        super().__init__()
+        self.net = DropoutBatchNormNet()
+
+    def forward(self, x, y=None):
+        s = pyro.sample("s", dist.HalfNormal(1.0))
+        mean = self.net(x)
+        with pyro.plate("data", len(x)):
+            pyro.sample("y", dist.Normal(mean, s), obs=y)
+
+
+GLOBAL_NET = DropoutBatchNormNet()
+
+
+def function_model(x, y=None):
+    """The same model as a plain function of a module-level network."""
+    s = pyro.sample("s", dist.HalfNormal(1.0))
+    mean = GLOBAL_NET(x)
+    with pyro.plate("data", len(x)):
+        pyro.sample("y", dist.Normal(mean, s), obs=y)
+
+
+def _module_state(net):
+    return ({name: m.training for name, m in net.named_modules()},
+            {name: b.clone() for name, b in net.named_buffers()})
+
+
+def _eval_log_likelihood(model, net, draws, x, y):
+    """By hand: every module in evaluation mode, each draw conditioned, the site's log_prob."""
+    out = []
+    flags = {m: m.training for m in net.modules()}
+    net.eval()
+    try:
+        for d in range(len(draws["s"])):
+            draw = {k: v[d] for k, v in draws.items()}
+            trace = pyro.poutine.trace(pyro.poutine.condition(model, draw)).get_trace(x, y)
+            out.append(trace.nodes["y"]["fn"].log_prob(y).detach())
+    finally:
+        for m, flag in flags.items():
+            m.training = flag
+    return torch.stack(out).numpy()
+
+
+@pytest.mark.parametrize("kind", ["PyroModule", "function of a global network"])
+def test_replay_in_eval_mode_leaves_the_network_as_it_was(data, kind):
+    """Sampled in training mode and left so; the export replays with Dropout off and BatchNorm
+    on its running statistics, and afterwards every training flag and every running statistic
+    is what it was, to the bit. Before: the replay moved running_mean, running_var and
+    num_batches_tracked and kept Dropout on (a log-likelihood of random masks)."""
+    x, y = data
+    model = DropoutBatchNormRegression() if kind == "PyroModule" else function_model
+    net = model.net if kind == "PyroModule" else GLOBAL_NET
+    net.train()
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(SGLD(model, step_size=1e-5), num_samples=4, warmup_steps=2,
+                disable_progbar=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mcmc.run(x, y)
+    flags, buffers = _module_state(net)
+    assert all(flags.values()) and int(net.bn.num_batches_tracked) > 0
+    idata = to_arviz(mcmc)
+    after_flags, after_buffers = _module_state(net)
+    assert after_flags == flags
+    for name, value in buffers.items():
+        assert torch.equal(after_buffers[name], value), name
+    expected = _eval_log_likelihood(model, net, mcmc.get_samples(), x, y)
+    np.testing.assert_allclose(idata.log_likelihood["y"].values[0], expected, rtol=1e-5,
+                               atol=1e-5)
+    # eval_mode=False replays the modules as they are (training: Dropout on, batch
+    # statistics), and still leaves them as they were
+    train = to_arviz(mcmc, eval_mode=False).log_likelihood["y"].values[0]
+    assert np.abs(train - expected).max() > 1e-2
+    after_flags, after_buffers = _module_state(net)
+    assert after_flags == flags
+    for name, value in buffers.items():
+        assert torch.equal(after_buffers[name], value), name
+
+
+# ----------------------------------------------------- draws and model sites must match
+
+
+@pytest.fixture(scope="module")
+def full_batch_draws(data):
+    x, y = data
+    mcmc = _run(SGLD(full_batch_model, step_size=1e-4), 1, x, y)
+    return mcmc.get_samples()
+
+
+def test_a_draw_named_differently_from_the_site_is_an_error(data, full_batch_draws):
+    """Before: the draw was ignored and the latent 's' drawn from its prior, silently."""
+    x, y = data
+    draws = dict(full_batch_draws)
+    draws["sigma"] = draws.pop("s")
+    with pytest.raises(ValueError, match=r"the draw 'sigma' is not a sample site of the model"
+                                         r".*sample sites: \['data', 's', 'w', 'y'\]"):
+        to_arviz(draws, model=full_batch_model, model_args=(x, y))
+    extra = {**full_batch_draws, "w_typo": full_batch_draws["w"]}
+    with pytest.raises(ValueError, match="the draw 'w_typo' is not a sample site"):
+        to_arviz(extra, model=full_batch_model, model_args=(x, y))
+
+
+def test_a_latent_site_without_a_draw_is_an_error(data, full_batch_draws):
+    x, y = data
+    draws = {"w": full_batch_draws["w"]}
+    with pytest.raises(ValueError, match=r"the model's latent site 's' has no draw"):
+        to_arviz(draws, model=full_batch_model, model_args=(x, y))
+
+
+def deterministic_model(x, y):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+    s = pyro.sample("s", dist.HalfNormal(1.0))
+    pyro.deterministic("w_norm", w.norm())
+    with pyro.plate("data", len(x)):
+        pyro.sample("y", dist.Normal(x @ w, s), obs=y)
+
+
+def test_kernel_copies_deterministic_subsample_and_observed_draws_are_fine(data,
+                                                                          full_batch_draws):
+    from pyro_flat.infer import EntropyMCMC
+
+    x, y = data
+    pyro.set_rng_seed(0)
+    mcmc = _run(EntropyMCMC(full_batch_model, 1e-4, eta=0.1), 1, x, y)
+    assert "w__guide" in mcmc.get_samples()  # EntropyMCMC's copies of the sites
+    assert to_arviz(mcmc).log_likelihood["y"].shape == (1, NUM_SAMPLES, N)
+    draws = dict(mcmc.get_samples())
+    num = len(draws["w"])
+    draws["w_norm"] = draws["w"].norm(dim=-1)  # deterministic
+    draws["data"] = torch.arange(N).expand(num, N)  # the plate's (full) subsample indices
+    idata = to_arviz(draws, model=deterministic_model, model_args=(x, y))
+    assert idata.log_likelihood["y"].shape == (1, num, N)
+    draws["y"] = y.expand(num, N)  # the observed site's value (then not replayed)
+    assert "y" in to_arviz(draws, model=deterministic_model, model_args=(x, y)).posterior

@@ -26,6 +26,8 @@ import pyro
 import torch
 from torch.func import vmap
 
+from pyro_flat.batchnorm_state import find_batchnorm
+
 #: Seeds of chain k: ``(base + k) % MAX_SEED``, as Pyro seeds the chains of worker processes.
 MAX_SEED = 2**32 - 1
 
@@ -82,6 +84,16 @@ class ChainStreams(Sequence[torch.Generator]):
             g.set_state(s)
 
 
+def _model_of(potential: Any) -> Any:
+    """The Pyro model of a potential, through wrappers that hold it as ``.potential`` (a
+    data-parallel rank's part); None for a ``potential_fn``."""
+    for _ in range(8):
+        if hasattr(potential, "model"):
+            return potential.model
+        potential = getattr(potential, "potential", None)
+    return None
+
+
 class VectorizedPotential:
     r"""The potentials of ``K`` chains of a Pyro model in one call: ``(K,)`` energies.
 
@@ -91,11 +103,23 @@ class VectorizedPotential:
     values, is switched off inside (the values were validated when the kernel traced the
     model). A model that draws random numbers in its forward pass (dropout) draws them from
     torch's global stream, differently for each chain.
+
+    BatchNorm layers in training mode (those :func:`~pyro_flat.batchnorm_state.find_batchnorm`
+    finds on the model) normalise each chain's minibatch with that minibatch's own mean and
+    variance, as a single chain's step does; their running statistics are *not* updated by
+    the vectorised potential (one set of buffers cannot follow ``K`` chains; only the
+    kernel's trace of the model at setup, once per chain, runs the model as it is, as for a
+    single chain). Recompute them for a draw with
+    :func:`pyro_flat.batchnorm.recompute_batchnorm` before predicting in evaluation mode. A
+    BatchNorm layer in training mode that is not reachable from the model is a
+    ``ValueError`` (torch cannot update unbatched running statistics under ``vmap``).
     """
 
     def __init__(self, potential: Callable[..., torch.Tensor], num_chains: int):
         self.potential = potential
         self.num_chains = num_chains
+        #: The model's BatchNorm layers (:func:`~pyro_flat.batchnorm_state.find_batchnorm`).
+        self.batchnorm = find_batchnorm(_model_of(potential))
 
     @property
     def flat_prior(self) -> Any:
@@ -107,7 +131,37 @@ class VectorizedPotential:
 
     def __call__(self, params: dict[str, torch.Tensor], batch: torch.Tensor | None = None
                  ) -> torch.Tensor:
-        with pyro.validation_enabled(False):
-            if batch is None:
-                return vmap(lambda p: self.potential(p, None), randomness="different")(params)
-            return vmap(self.potential, randomness="different")(params, batch)
+        training = [m for m in self.batchnorm if m.training]
+        if not training:
+            return self._vmap(params, batch)
+        # Each chain normalises with its own minibatch's statistics: without running
+        # statistics BatchNorm uses the batch's, per chain under vmap; the buffers are put
+        # back as they were (the same tensors, not updated).
+        saved = [(m, m.running_mean, m.running_var, m.num_batches_tracked) for m in training]
+        try:
+            for m in training:
+                m.running_mean = m.running_var = m.num_batches_tracked = None
+            return self._vmap(params, batch)
+        finally:
+            for m, mean, var, count in saved:
+                m.running_mean, m.running_var, m.num_batches_tracked = mean, var, count
+
+    def _vmap(self, params: dict[str, torch.Tensor], batch: torch.Tensor | None
+              ) -> torch.Tensor:
+        try:
+            with pyro.validation_enabled(False):
+                if batch is None:
+                    return vmap(lambda p: self.potential(p, None),
+                                randomness="different")(params)
+                return vmap(self.potential, randomness="different")(params, batch)
+        except RuntimeError as error:
+            if "Batch norm got a batched tensor" not in str(error):
+                raise
+            raise ValueError(
+                "vectorized_chains: a BatchNorm layer in training mode that is not reachable "
+                "from the model (pyro_flat.batchnorm_state.model_modules: the model, its "
+                "module attributes, a function's closure and the global modules it names) "
+                "cannot update its running statistics per chain; make the network an "
+                "attribute of the model (a PyroModule), or call net.eval() before sampling, "
+                f"or run the chains without vectorized_chains. torch said: {error}"
+            ) from None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +57,23 @@ class FlatLayout:
             sites.append(site)
             offset = site.stop
         return cls(sites)
+
+    @staticmethod
+    def flat_dtype(values: Iterable[Mapping[str, torch.Tensor]]) -> torch.dtype:
+        """The dtype of the flat vector: the widest floating dtype among the sites' values.
+
+        A model mixes dtypes when, e.g., a float64 network has a noise scale whose prior was
+        built in torch's default float32; the flat vector takes float64 then, so that no site
+        loses precision and the network sees values of its own dtype. ``values``: one or more
+        ``{site: value}`` (e.g. the initial values of each chain). Without a floating value,
+        torch's default dtype.
+        """
+        dtype = None
+        for one in values:
+            for v in one.values():
+                if torch.is_tensor(v) and v.is_floating_point():
+                    dtype = v.dtype if dtype is None else torch.promote_types(dtype, v.dtype)
+        return torch.get_default_dtype() if dtype is None else dtype
 
     def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-site views into ``flat`` (no copy)."""

@@ -36,6 +36,7 @@ from torch.distributions.transforms import ComposeTransform, IndependentTransfor
 from pyro_flat.infer.mcmc.flat_prior import FlatNormalPrior
 from pyro_flat.infer.mcmc.layout import FlatLayout
 from pyro_flat.infer.mcmc.normal import normal_log_prob_sum
+from pyro_flat.observed_shapes import check_observed_site
 from pyro_flat.sites import latent_sites
 from pyro_flat.subsample import InjectIndices
 
@@ -72,7 +73,12 @@ def _is_identity(transform: torch.distributions.Transform) -> bool:
 
 
 class _LogJoint(Messenger):
-    """Substitutes latent values, injects minibatch indices, and sums scaled log-densities."""
+    """Substitutes latent values, injects minibatch indices, and sums scaled log-densities.
+
+    ``check_shapes``: refuse an observed site whose value and distribution broadcast into a
+    larger log-density (:mod:`pyro_flat.observed_shapes`); off on the kernels' hot path, where
+    :func:`trace_model` checked the sites once.
+    """
 
     def __init__(
         self,
@@ -81,6 +87,7 @@ class _LogJoint(Messenger):
         batch: torch.Tensor | None,
         flat_prior_fns: dict[str, Any],
         include_prior: bool = True,
+        check_shapes: bool = False,
     ):
         super().__init__()
         self.values = values
@@ -88,6 +95,7 @@ class _LogJoint(Messenger):
         self.batch = batch
         self.flat_prior_fns = flat_prior_fns
         self.include_prior = include_prior
+        self.check_shapes = check_shapes
         self.missed: list[str] = []
         self.log_joint: torch.Tensor | float = 0.0
 
@@ -115,6 +123,8 @@ class _LogJoint(Messenger):
                 f"sample site {msg['name']!r} was not present when the kernel traced the model; "
                 "SG-MCMC kernels need a model with a fixed set of latent sites",
             )
+        if msg["is_observed"] and self.check_shapes:
+            check_observed_site(msg)
         if not msg["is_observed"] and not self.include_prior:
             return
         scale, mask = msg["scale"], msg["mask"]
@@ -258,6 +268,10 @@ def trace_model(
 ) -> tuple[FlatLayout, dict[str, torch.Tensor], DataPlate | None, FlatNormalPrior | None]:
     """Run the model once to find its latent sites, their transforms, initial values and data plate.
 
+    Every observed site is checked here, once: a value and distribution that broadcast into a
+    larger log-density (targets ``(N, 1)`` against a mean ``(B,)``) raise ``ValueError``
+    naming the site and both shapes (:mod:`pyro_flat.observed_shapes`).
+
     Returns
     -------
     layout : FlatLayout
@@ -299,6 +313,8 @@ def trace_model(
         trace = poutine.trace(InitMessenger(init_strategy)(setup_model)).get_trace(*args, **kwargs)
 
     observed, common = _observed_plates(trace)
+    for name in observed:  # once here, so that no SG step pays for it
+        check_observed_site(trace.nodes[name])
     plate: DataPlate | None = None
     if slice_size is not None:
         sizes = (slice_size, subsample_size)

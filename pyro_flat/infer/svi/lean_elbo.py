@@ -27,6 +27,18 @@ from pyro_flat.infer.mcmc.potential import UnknownLatentSite, _LogJoint
 from pyro_flat.infer.svi.lean_guides import GuideDraw, LeanGuide, lean_guide
 
 
+def _shape_key(model: Any, args: tuple, kwargs: dict) -> tuple:
+    """The model, the shapes of its tensor arguments and its plain ones (a batch size): what
+    the observed shapes follow."""
+    def shape(a: Any) -> Any:
+        if torch.is_tensor(a):
+            return tuple(a.shape)
+        return a if isinstance(a, int | float | str | None) else type(a).__name__
+
+    return (id(model), tuple(shape(a) for a in args),
+            tuple(sorted((k, shape(v)) for k, v in kwargs.items())))
+
+
 class LeanELBO(Trace_ELBO):
     r"""``Trace_ELBO`` for Bayesian networks with Pyro's common guides, at a fraction of its cost.
 
@@ -50,6 +62,10 @@ class LeanELBO(Trace_ELBO):
     ``UserWarning``. The model can be anything Pyro runs (its own parameters are learned too).
     What is not checked, unlike ``Trace_ELBO`` under validation: that the model's and the
     guide's sites match (a model latent the guide does not draw raises ``RuntimeError``).
+    What is: an observed site whose value and distribution broadcast into a larger
+    log-density (targets ``(N, 1)`` against a mean ``(B,)``, scored ``B`` times each) raises
+    ``ValueError`` naming the site and both shapes (:mod:`pyro_flat.observed_shapes`), on the
+    first particle for each model and shape of its arguments (the later steps pay nothing).
 
     **Cost**: one forward and one backward pass of the model plus the draw: on the
     784-100-100-10 MLP close to a hand-written torch ELBO step (see
@@ -87,6 +103,7 @@ class LeanELBO(Trace_ELBO):
         super().__init__(**kwargs)
         self._lean_for: tuple[Any, LeanGuide | str] | None = None  # (guide, its drawer)
         self._warned: set[str] = set()
+        self._shapes_checked: set[tuple] = set()  # (model, argument shapes) checked once
 
     # ------------------------------------------------------------------------------ the plan
 
@@ -102,17 +119,22 @@ class LeanELBO(Trace_ELBO):
         if isinstance(lean, str):
             if lean not in self._warned:
                 self._warned.add(lean)
-                warnings.warn(f"{type(self).__name__} runs as Trace_ELBO here: {lean}",
-                              UserWarning, stacklevel=3)
+                warnings.warn(self.fallback_message(lean), UserWarning, stacklevel=3)
             return None
         return lean
+
+    def fallback_message(self, reason: str) -> str:
+        """What this loss does for a guide the lean path does not cover (``reason``: why)."""
+        return f"{type(self).__name__} runs as Trace_ELBO here: {reason}"
 
     def particle(self, lean: LeanGuide, model: Callable, args: tuple,
                  kwargs: dict) -> tuple[torch.Tensor, GuideDraw]:
         r"""One particle: :math:`\ell = \log q(z) - \log p(x, z)` (a tensor) and the draw."""
         draw = lean.draw()
         flat = {} if lean.flat_prior is None else lean.flat_prior.fns
-        joint = _LogJoint(draw.values, None, None, flat)
+        key = _shape_key(model, args, kwargs)
+        check = key not in self._shapes_checked
+        joint = _LogJoint(draw.values, None, None, flat, check_shapes=check)
         try:
             with joint:
                 model(*args, **kwargs)
@@ -121,6 +143,8 @@ class LeanELBO(Trace_ELBO):
                 f"the model samples the latent site {error.site!r}, which the guide does not "
                 f"draw; {type(self).__name__} needs a guide of every latent site (Trace_ELBO "
                 "would sample it from the model's prior)") from None
+        if check:
+            self._shapes_checked.add(key)
         log_p = joint.log_joint + lean.log_prior(draw, joint.missed)
         return draw.log_q - log_p, draw
 

@@ -164,7 +164,9 @@ class SharpnessAwareELBO(LeanELBO):
 
     **Lean path**: for the guides :class:`~pyro_flat.infer.LeanELBO` covers (``AutoNormal``,
     ``AutoDiagonalNormal``, ``AutoDelta``, also under local reparameterisation) both passes are
-    LeanELBO's, with its cost; for other guides they are ``Trace_ELBO``'s (LeanELBO warns once).
+    LeanELBO's, with its cost; for other guides (``AutoLowRankMultivariateNormal``,
+    ``AutoMultivariateNormal``, hand-written guides) both passes run on ``Trace_ELBO``'s traces,
+    still with the ascent step, and a ``UserWarning`` says so once (:meth:`fallback_message`).
 
     **Cost**: two forward and backward passes per particle (the first backward only to the
     means), so about twice the ELBO it is built on (``benchmarks/lean_elbo.py``).
@@ -300,6 +302,22 @@ class SharpnessAwareELBO(LeanELBO):
             if missing:
                 raise ValueError(f"mean_params names {missing} are not parameters of the guide")
         return out
+
+    def fallback_message(self, reason: str) -> str:
+        """What happens for a guide the lean path does not cover: with ``rho > 0`` the
+        sharpness-aware step on Trace_ELBO's traces, with ``rho = 0`` Trace_ELBO."""
+        if self.rho == 0.0:
+            return super().fallback_message(reason)
+        return (
+            f"{type(self).__name__} takes its sharpness-aware step on Trace_ELBO's traces here "
+            f"instead of LeanELBO's lean path ({reason}): loss_and_grads (what SVI.step calls) "
+            f"still takes the gradient at the guide's means moved one ascent step of radius "
+            f"rho={self.rho:g} (the means chosen by mean_params or default_mean_and_scale, e.g. "
+            "an AutoContinuous guide's loc; the other parameters take their gradient there "
+            "too), with two traced passes of model and guide per particle, about twice "
+            "Trace_ELBO's cost; loss() and differentiable_loss() are Trace_ELBO's at the "
+            "unmoved means"
+        )
 
     # ------------------------------------------------------------------------- the estimator
 

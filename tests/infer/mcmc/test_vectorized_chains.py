@@ -11,9 +11,11 @@ law of the (unadjusted) Langevin chain on a conjugate regression, within Monte C
 import fixed_seed_runs
 import harness
 import pyro
+import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer import MCMC
+from pyro.nn import PyroModule, PyroSample
 
 import pyro_flat
 from pyro_flat.infer import L2E, SASGLD, SGHMC, SGLD, ContourSGLD, CyclicalSGLD, EntropyMCMC
@@ -186,3 +188,82 @@ def test_bad_input_is_named():
         harness.run(SGLD(potential_fn=lambda p: p["x"].sum(),
                          initial_params={"x": torch.zeros(2, 1)}, step_size=0.1,
                          vectorized_chains=2), 2, 0, 0)
+
+
+# ------------------------------------------------------------- BatchNorm in training mode
+
+
+class BatchNormRegression(PyroModule):
+    """A 3-8-1 regression network with BatchNorm (training mode), written as a Pyro user
+    writes it, minibatched by its plate (16 of 64 points)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = PyroModule[torch.nn.Linear](3, 8)
+        self.fc1.weight = PyroSample(dist.Normal(0.0, 1.0).expand([8, 3]).to_event(2))
+        self.fc1.bias = PyroSample(dist.Normal(0.0, 1.0).expand([8]).to_event(1))
+        self.bn = torch.nn.BatchNorm1d(8)
+        self.fc2 = PyroModule[torch.nn.Linear](8, 1)
+        self.fc2.weight = PyroSample(dist.Normal(0.0, 1.0).expand([1, 8]).to_event(2))
+        self.fc2.bias = PyroSample(dist.Normal(0.0, 1.0).expand([1]).to_event(1))
+
+    def forward(self, x, y=None):
+        plate = pyro.plate("data", len(x), subsample_size=16)
+        with plate as i:
+            pass
+        mean = self.fc2(torch.tanh(self.bn(self.fc1(x[i])))).squeeze(-1)
+        with plate:
+            pyro.sample("y", dist.Normal(mean, 0.5), obs=None if y is None else y[i])
+
+
+def _batchnorm_data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 3, generator=g)
+    return x, torch.tanh(x.sum(-1)) + 0.1 * torch.randn(64, generator=g)
+
+
+def _batchnorm_run(seed, **kw):
+    model = BatchNormRegression()
+    pyro.set_rng_seed(seed)
+    kernel = SGLD(model, 1e-3, temperature=0.0, num_steps_per_sample=3, **kw)
+    mcmc = MCMC(kernel, num_samples=6, warmup_steps=2, disable_progbar=True)
+    mcmc.run(*_batchnorm_data())
+    return mcmc, model
+
+
+def test_batchnorm_in_training_mode_normalises_each_chain_with_its_own_minibatch():
+    """Before: torch.func's raw error ("Batch norm got a batched tensor as input while the
+    running_mean or running_var ... were not batched"). Now each chain uses its minibatch's
+    statistics, as its single-chain run does: chain k equals the single-chain run seeded with
+    SEED + k (its own minibatches), at the tolerance of the tests above. The vectorised steps
+    leave the running statistics alone: only the setup's trace of each chain moved them."""
+    together, model = _batchnorm_run(SEED, vectorized_chains=K)
+    assert model.bn.training and int(model.bn.num_batches_tracked) == K
+    draws = pyro_flat.get_samples(together, group_by_chain=True)
+    for k in range(K):
+        alone, single = _batchnorm_run(SEED + k)
+        assert int(single.bn.num_batches_tracked) > 8 * 3  # a single chain updates them
+        for site, value in alone.get_samples().items():
+            torch.testing.assert_close(draws[site][k], value, rtol=1e-4, atol=1e-5,
+                                       msg=f"{site}, chain {k}")
+    assert not torch.allclose(draws["fc1.weight"][0], draws["fc1.weight"][1], rtol=1e-3)
+
+
+NETWORKS = {"net": torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.BatchNorm1d(8),
+                                       torch.nn.Tanh(), torch.nn.Linear(8, 1))}
+
+
+def hidden_network_model(x, y):
+    """A BatchNorm network the kernel cannot reach (in a dict, not an attribute or global)."""
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+    mean = NETWORKS["net"](x * w).squeeze(-1)
+    with pyro.plate("data", len(x)):
+        pyro.sample("y", dist.Normal(mean, 0.5), obs=y)
+
+
+def test_an_unreachable_batchnorm_layer_is_a_clear_error():
+    kernel = SGLD(hidden_network_model, 1e-3, vectorized_chains=2)
+    with pytest.raises(ValueError, match=r"vectorized_chains: a BatchNorm layer in training "
+                                         r"mode that is not reachable from the model"):
+        MCMC(kernel, num_samples=2, warmup_steps=0, disable_progbar=True).run(
+            *_batchnorm_data())

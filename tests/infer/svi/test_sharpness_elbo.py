@@ -8,7 +8,12 @@ import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer import SVI, Trace_ELBO
-from pyro.infer.autoguide import AutoDelta, AutoDiagonalNormal, AutoNormal
+from pyro.infer.autoguide import (
+    AutoDelta,
+    AutoDiagonalNormal,
+    AutoLowRankMultivariateNormal,
+    AutoNormal,
+)
 from torch.distributions import constraints
 
 from pyro_flat.infer import SharpnessAwareELBO
@@ -390,3 +395,50 @@ def test_batchnorm_statistics_move_once_per_step():
         stats[name] = (net.bn.running_mean.clone(), int(net.bn.num_batches_tracked))
     assert torch.equal(stats["sa"][0], stats["trace"][0])
     assert stats["sa"][1] == stats["trace"][1] == 2  # guide setup + one step
+
+
+# --------------------------------------------------- guides the lean path does not cover
+
+
+def test_low_rank_guide_warns_what_really_happens_the_sharpness_aware_step():
+    """AutoLowRankMultivariateNormal is not on LeanELBO's lean path. Before, the warning said
+    "runs as Trace_ELBO here", but the step is applied: the gradients are Trace_ELBO's at the
+    guide's loc moved by e = rho g / |g| (g: Trace_ELBO's gradient of loc at the same seed),
+    the loss is Trace_ELBO's at the unmoved loc. The warning now says that."""
+    x, y = regression_data()
+    pyro.clear_param_store()
+    guide = AutoLowRankMultivariateNormal(regression_model, rank=1, init_scale=0.3)
+    pyro.set_rng_seed(123)
+    guide(x, y)
+    store, loc = pyro.get_param_store(), "AutoLowRankMultivariateNormal.loc"
+    with torch.no_grad():
+        store._params[loc].add_(torch.tensor([0.3, -0.2]))
+    at_mu = loss_and_grads(Trace_ELBO(), regression_model, guide, x, y)
+    rho, g = 0.1, at_mu[1][loc]
+    with torch.no_grad():
+        store._params[loc].add_(rho * g / g.norm())
+    moved = loss_and_grads(Trace_ELBO(), regression_model, guide, x, y)
+    with torch.no_grad():
+        store._params[loc].sub_(rho * g / g.norm())
+    with pytest.warns(UserWarning) as record:
+        got = loss_and_grads(SharpnessAwareELBO(rho=rho), regression_model, guide, x, y)
+    (message,) = [str(w.message) for w in record]
+    assert message.startswith("SharpnessAwareELBO takes its sharpness-aware step on "
+                              "Trace_ELBO's traces here instead of LeanELBO's lean path (the "
+                              "guide is a AutoLowRankMultivariateNormal")
+    assert "radius rho=0.1" in message and "loc" in message
+    assert "runs as Trace_ELBO" not in message
+    assert got[0] == at_mu[0]  # the loss at the unmoved means
+    for k in moved[1]:  # every gradient at the moved means, not at mu
+        torch.testing.assert_close(got[1][k], moved[1][k], rtol=1e-6, atol=1e-7, msg=k)
+        assert not torch.allclose(got[1][k], at_mu[1][k], rtol=1e-3), k
+
+
+def test_low_rank_guide_at_rho_zero_runs_as_trace_elbo_and_says_so():
+    x, y = regression_data()
+    pyro.clear_param_store()
+    guide = AutoLowRankMultivariateNormal(regression_model, rank=1)
+    guide(x, y)
+    with pytest.warns(UserWarning, match="SharpnessAwareELBO runs as Trace_ELBO here: the "
+                                         "guide is a AutoLowRankMultivariateNormal"):
+        loss_and_grads(SharpnessAwareELBO(rho=0.0), regression_model, guide, x, y)
