@@ -5,18 +5,22 @@
   leaving [-2.5, 2.5]^2 rejected): 64 chains from (2, 2), the start of the author's demo. Modes
   found (distinct mode cells visited, mean over chains) after 1,000 / 10,000 / all gradient
   evaluations; the error of the estimates of P(central cell) (truth 0.3072) and E[x1^2] by
-  quadrature: ContourSGLD reweighted (each chain self-normalised, chains averaged), SGLD plain
-  averages. Draws after the first third of the run.
+  quadrature: ContourSGLD reweighted (each chain self-normalised, chains averaged; and all
+  draws pooled, ``reweight`` without ``chain_dim``), SGLD plain averages. Draws after the first
+  third of the run. The weights' effective sample size (``weights_ess``) per chain, median
+  over chains, of those draws.
 - Toy B (the 1-D mixture posterior at T = 50, N = 1000, batch 100; settings of
   ``tests/infer/mcmc/test_contour.py``: 48 bins of width 80 from 3,840, zeta = 20,
   sa_power = 1, omega0 = 0.01, box [-40, 60]): 32 chains from the left mode; estimates from
   the draws after the first 15,000 steps. Chains that reached the right mode, the mean
-  gradient evaluations to the first crossing, and the error of P(left mode) (truth 0.5).
+  gradient evaluations to the first crossing, and the error of P(left mode) (truth 0.5), per
+  chain and pooled as for toy A; the median weights' ESS per chain.
 - MNIST-1D: the MLP and settings of ``pyro-flat compare`` (in-100-100-10, batch 128, lr 0.2,
   prior scale 3 with the fan-in rule), the same number of SG steps for both; ContourSGLD with
   ``auto_bins`` (bins from the warmup energies), 50 bins, zeta = 0.5 (the paper's gain), the
   multiplier clipped to [-5, 5]; the model average weighted by the draws' importance weights.
-  Accuracy, NLL, ECE on the test set, mean ± sd over seeds.
+  Accuracy, NLL, ECE on the test set, mean ± sd over seeds; ContourSGLD's weights' ESS (of 12)
+  per seed.
 
 Every kernel runs through ``pyro.infer.MCMC``; the toys use ``vectorized_chains`` (one potential
 call for all chains) for ContourSGLD and the summed potential for SGLD.
@@ -53,6 +57,7 @@ from pyro_flat.bnn import BNN  # noqa: E402
 from pyro_flat.cli import Settings, build_mlp  # noqa: E402
 from pyro_flat.datasets import load_dataset  # noqa: E402
 from pyro_flat.infer import SGLD, ContourSGLD, reweight  # noqa: E402
+from pyro_flat.infer.mcmc.contour import weights_ess  # noqa: E402
 from pyro_flat.likelihoods import Categorical  # noqa: E402
 from pyro_flat.nn import make_bayesian  # noqa: E402
 from pyro_flat.predictive import bma_probs  # noqa: E402
@@ -67,11 +72,17 @@ def run(kernel, num_draws: int, *args) -> tuple[MCMC, float]:
     return mcmc, time.perf_counter() - start
 
 
-def estimate(values: torch.Tensor, lw: torch.Tensor | None) -> float:
-    """Mean over chains of each chain's (reweighted) average; values (draws, chains)."""
+def estimate(values: torch.Tensor, lw: torch.Tensor | None, pooled: bool = False) -> float:
+    """Mean over chains of each chain's (reweighted) average, or (``pooled``) the reweighted
+    average of all draws; values (draws, chains)."""
     if lw is None:
         return float(values.double().mean())
-    return float(reweight(values, lw, chain_dim=1))
+    return float(reweight(values, lw) if pooled else reweight(values, lw, chain_dim=1))
+
+
+def median_ess(lw: torch.Tensor | None) -> float | None:
+    """The median over chains of the weights' ESS of each chain; lw (draws, chains)."""
+    return None if lw is None else float(weights_ess(lw).median())
 
 
 def toy_a(steps: int, chains: int, seed: int) -> list[dict]:
@@ -104,10 +115,15 @@ def toy_a(steps: int, chains: int, seed: int) -> list[dict]:
         lw = None
         if method == "ContourSGLD":
             lw = sample_stats(mcmc, group_by_chain=True)["log_weight"].T[keep]  # (draws, chains)
-        est = {"P(central)": estimate((x[keep].abs() < 1 / 1.2).all(-1), lw),
-               "E[x1^2]": estimate(x[keep, :, 0] ** 2, lw)}
+        central = (x[keep].abs() < 1 / 1.2).all(-1)
+        est = {"P(central)": estimate(central, lw), "E[x1^2]": estimate(x[keep, :, 0] ** 2, lw)}
+        pooled = {"P(central)": estimate(central, lw, True),
+                  "E[x1^2]": estimate(x[keep, :, 0] ** 2, lw, True)}
         rows.append({"method": method, "modes_found": found, "estimates": est, "truth": truth,
                      "abs_error": {k: abs(est[k] - truth[k]) for k in est},
+                     "pooled": pooled,
+                     "pooled_abs_error": {k: abs(pooled[k] - truth[k]) for k in pooled},
+                     "weights_ess_median": median_ess(lw), "draws_per_chain": len(central),
                      "wall_time_s": seconds})
     return rows
 
@@ -116,9 +132,10 @@ def _with_bounds(kernel: SGLD, bounds: tuple[float, float]):
     """SGLD with the author's box: a move leaving it is rejected (per chain)."""
     update = kernel.update
 
-    def bounded(z, grad, step_size):
+    def bounded(state, estimate, step_size):
+        z = state.position
         before = z.clone()
-        update(z, grad, step_size)
+        update(state, estimate, step_size)
         outside = ((z < bounds[0]) | (z > bounds[1])).reshape(-1, 2).any(1)
         z.view(-1, 2)[outside] = before.view(-1, 2)[outside]
 
@@ -149,10 +166,13 @@ def toy_b(steps: int, chains: int, seed: int) -> list[dict]:
         if method == "ContourSGLD":
             lw = sample_stats(mcmc, group_by_chain=True)["log_weight"].T[keep]  # (draws, chains)
         p_left = estimate(~right[keep], lw)
+        pooled = estimate(~right[keep], lw, True)
         rows.append({"method": method, "chains_crossed": int(crossed.sum()), "chains": chains,
                      "mean_steps_to_first_crossing": statistics.fmean(first) if first else None,
                      "P(left)": p_left, "abs_error": abs(p_left - 0.5),
-                     "wall_time_s": seconds})
+                     "P(left) pooled": pooled, "pooled_abs_error": abs(pooled - 0.5),
+                     "weights_ess_median": median_ess(lw),
+                     "draws_per_chain": int(right[keep].shape[0]), "wall_time_s": seconds})
     return rows
 
 
@@ -179,9 +199,11 @@ def bnn(steps: int, seed: int, kept: int = 12, warmup: int = 4) -> list[dict]:
         mcmc.run(data.x_train, data.y_train)
         seconds = time.perf_counter() - start
         probs, per_draw = bma_probs(net, mcmc.get_samples(), data.x_test, return_per_draw=True)
+        ess = None
         if method == "ContourSGLD":
             probs = reweight(per_draw, sample_stats(mcmc)["log_weight"])
-        rows.append({"method": method, "seed": seed,
+            ess = float(weights_ess(sample_stats(mcmc)["log_weight"]))
+        rows.append({"method": method, "seed": seed, "weights_ess": ess,
                      "accuracy": metrics.accuracy(probs, data.y_test),
                      "nll": metrics.nll(probs, data.y_test),
                      "ece": metrics.ece(probs, data.y_test),
@@ -207,12 +229,19 @@ def main(argv: list[str] | None = None) -> None:
     report["toy_a"] = rows = toy_a(a_steps, 64, 0)
     lines = [f"### Toy A: 64 chains from (2, 2), {a_steps} gradient evaluations each, seed 0", "",
              "| method | modes found @1k | @10k | @all | P(central) (error) | E[x1^2] (error) "
-             "| wall s |", "|---|---:|---:|---:|---|---|---:|"]
+             "| pooled: P(central) (error) | E[x1^2] (error) | weights ESS per chain (median) "
+             "| wall s |", "|---|---:|---:|---:|---|---|---|---|---:|---:|"]
     for r in rows:
         f, e, err = r["modes_found"], r["estimates"], r["abs_error"]
+        pe, perr, ess = r["pooled"], r["pooled_abs_error"], r["weights_ess_median"]
         lines.append(f"| {r['method']} | " + " | ".join(f"{v:.2f}" for v in f.values())
                      + f" | {e['P(central)']:.3f} ({err['P(central)']:.3f}) | "
-                     f"{e['E[x1^2]']:.3f} ({err['E[x1^2]']:.3f}) | {r['wall_time_s']:.1f} |")
+                     f"{e['E[x1^2]']:.3f} ({err['E[x1^2]']:.3f}) | "
+                     + ("- | - | - | " if ess is None else
+                        f"{pe['P(central)']:.3f} ({perr['P(central)']:.3f}) | "
+                        f"{pe['E[x1^2]']:.3f} ({perr['E[x1^2]']:.3f}) | "
+                        f"{ess:.1f} of {r['draws_per_chain']} | ")
+                     + f"{r['wall_time_s']:.1f} |")
     lines.append(f"\nTruth by quadrature: P(central) {rows[0]['truth']['P(central)']:.4f}, "
                  f"E[x1^2] {rows[0]['truth']['E[x1^2]']:.4f}.")
     tables.append("\n".join(lines))
@@ -221,13 +250,17 @@ def main(argv: list[str] | None = None) -> None:
     report["toy_b"] = rows = toy_b(b_steps, 32, 0)
     lines = [f"### Toy B: 32 chains from the left mode, {b_steps} gradient evaluations each, "
              "seed 0", "", "| method | chains that reached the right mode | mean steps to "
-             "the first crossing | P(left) (error; truth 0.5) | wall s |",
-             "|---|---:|---:|---|---:|"]
+             "the first crossing | P(left) (error; truth 0.5) | pooled | weights ESS per "
+             "chain (median) | wall s |", "|---|---:|---:|---|---|---|---:|"]
     for r in rows:
-        first = r["mean_steps_to_first_crossing"]
+        first, ess = r["mean_steps_to_first_crossing"], r["weights_ess_median"]
         lines.append(f"| {r['method']} | {r['chains_crossed']} / {r['chains']} | "
                      f"{'-' if first is None else f'{first:.0f}'} | {r['P(left)']:.3f} "
-                     f"({r['abs_error']:.3f}) | {r['wall_time_s']:.1f} |")
+                     f"({r['abs_error']:.3f}) | "
+                     + ("- | - | " if ess is None else
+                        f"{r['P(left) pooled']:.3f} ({r['pooled_abs_error']:.3f}) | "
+                        f"{ess:.1f} of {r['draws_per_chain']} | ")
+                     + f"{r['wall_time_s']:.1f} |")
     tables.append("\n".join(lines))
     print(tables[-1], "\n", flush=True)
 
@@ -245,6 +278,9 @@ def main(argv: list[str] | None = None) -> None:
             cells.append(f"{statistics.fmean(v):.1f}" if key == "wall_time_s"
                          else f"{statistics.fmean(v):.4f} ± {sd:.4f}")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    ess = [f"{r['weights_ess']:.2f}" for r in runs if r["weights_ess"] is not None]
+    lines.append(f"\nContourSGLD's weights' ESS (of {runs[0].get('kept', 12)} draws) per seed: "
+                 f"{', '.join(ess)}.")
     tables.append("\n".join(lines))
     print(tables[-1], "\n", flush=True)
 

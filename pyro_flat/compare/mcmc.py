@@ -180,9 +180,14 @@ def run_kernel(method: str, ctx: Context) -> Fit:
     if method == "contour":  # importance weights back to the posterior: softmax(log_weight)
         import torch
 
+        from pyro_flat.infer.mcmc.contour import weights_ess, weights_ess_threshold
+
         log_w = torch.as_tensor(idata.sample_stats["log_weight"].values).reshape(-1)
         weights = torch.softmax(log_w.double(), 0)
-        notes["weights_ess"] = round(float(1 / weights.square().sum()), 2)
+        # the kernel's own figure (diagnostics()["weights_ess"]; it warns below the threshold)
+        notes["weights_ess"] = round(float(weights_ess(log_w)), 2)
+        notes["weights_ess_of"] = len(log_w)
+        notes["weights_ess_threshold"] = weights_ess_threshold(len(log_w))
     return Fit(model.net, samples, kernel.num_steps * grads_per_step, idata=idata, weights=weights,
                notes=notes)
 

@@ -100,7 +100,8 @@ def test_reduces_to_its_baseline(name, data):
     # and the switch matters: the kernel proper moves differently
     proper = {"EntropyMCMC": lambda m: EntropyMCMC(m, EPS, eta=0.01),
               "SASGLD": lambda m: SASGLD(m, EPS, rho=0.05),
-              "ContourSGLD": lambda m: ContourSGLD(m, EPS, num_bins=10, bin_width=50.0,
+              # bins bracketing the energies (800-1,300): outside them it is SGLD
+              "ContourSGLD": lambda m: ContourSGLD(m, EPS, num_bins=10, bin_width=300.0,
                                                    min_energy=0.0, zeta=1.0)}
     if name in proper:
         c = harness.run(proper[name](_model()), 20, 5, 11, *data)
