@@ -90,7 +90,13 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         Hessian-vector products at the start of warmup and after 1/4, 1/2 and 3/4 of it
         (:mod:`pyro_flat.infer.mcmc.adaptation`); the chosen values are in
         ``diagnostics()["step_size_adaptation"]``, in the ``step_size`` statistic and in the
-        ``pyro_flat.adaptation`` logger (level INFO). Needs ``warmup_steps >= 1``.
+        ``pyro_flat.adaptation`` logger (level INFO). On a minibatched model the step is
+        also at most the one at which the minibatch gradient noise is 5% of the injected
+        noise (:mod:`pyro_flat.infer.mcmc.gradient_noise`; SGHMC instead chooses its noise
+        correction and friction). Needs ``warmup_steps >= 1``. Whatever the step, a
+        minibatched run measures its gradient noise in warmup, reports the noise ratio and
+        the excess temperature in ``diagnostics()["gradient_noise"]`` and warns when the
+        chain runs more than 10% hotter than ``temperature``.
     potential_fn : callable, optional
         ``potential_fn(params) -> U`` for a dict of unconstrained tensors; needs
         ``initial_params`` (here or in ``MCMC``).
@@ -102,8 +108,11 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         ``B``: minibatch a full-batch model. Model arguments whose leading dimension is ``N`` are
         sliced with fresh indices at every step and the data plate is scaled by ``N / B``. A
         model written with ``pyro.plate("data", N, subsample_size=B)`` is minibatched without it.
-    num_steps_per_sample : int
-        SG steps per returned draw (thinning), ``>= 1``.
+    num_steps_per_sample : int or "auto"
+        SG steps per returned draw (thinning), ``>= 1``. ``"auto"``: warmup chooses it from
+        the autocorrelations of the chain (:mod:`~pyro_flat.infer.mcmc.thinning`: about
+        five draws per integrated autocorrelation time of the energy and the small sites), shown
+        in ``diagnostics()["num_steps_per_sample"]``; needs ``warmup_steps >= 4``.
     step_size_schedule : callable, optional
         ``t -> step size`` of the SG step index ``t = 0, 1, ...``, replacing ``step_size``.
     init_strategy : callable, optional
@@ -149,6 +158,16 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
     ``"divergences"`` lists the indices of diverging draws. ``lp`` and ``grad_norm`` come from
     the first SG step after the draw, which evaluates the potential at the draw anyway, so they
     cost nothing.
+
+    The flat parameter vector (:attr:`position`, and every state field) has the widest
+    floating dtype among the sites' initial values
+    (:meth:`~pyro_flat.infer.mcmc.layout.FlatLayout.flat_dtype`): a float64
+    network whose noise scale has a float32 prior is sampled in float64, every site included.
+
+    Every observed site is checked once, when the kernel traces the model at setup: a value
+    and distribution that broadcast into a larger log-density (targets ``(N, 1)`` against a
+    mean ``(B,)``) raise ``ValueError`` naming the site and both shapes
+    (:mod:`pyro_flat.observed_shapes`).
     """
 
     #: Names of the per-draw statistics this kernel records.
@@ -172,7 +191,7 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         initial_params: dict[str, torch.Tensor] | None = None,
         temperature: float = 1.0,
         subsample_size: int | None = None,
-        num_steps_per_sample: int = 1,
+        num_steps_per_sample: int | str = 1,
         step_size_schedule: Callable[[int], float] | None = None,
         init_strategy: Callable | None = None,
         data_plate: str | None = None,
@@ -219,9 +238,17 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         self.step_size = None if step_size is None else validation.positive("step_size", step_size)
         self.temperature = validation.nonnegative("temperature", temperature)
         self.subsample_size = subsample_size
-        self.num_steps_per_sample = validation.integer_at_least(
-            "num_steps_per_sample", num_steps_per_sample, 1
-        )
+        #: Whether warmup chooses the SG steps per draw (``num_steps_per_sample="auto"``).
+        self.auto_thinning = isinstance(num_steps_per_sample, str)
+        if self.auto_thinning:
+            if num_steps_per_sample != "auto":
+                raise ValueError(f"num_steps_per_sample must be an integer >= 1 or 'auto', "
+                                 f"got {num_steps_per_sample!r}")
+            self.num_steps_per_sample = num_steps_per_sample
+        else:
+            self.num_steps_per_sample = validation.integer_at_least(
+                "num_steps_per_sample", num_steps_per_sample, 1
+            )
         self.step_size_schedule = step_size_schedule
         self.init_strategy = init_strategy
         self.data_plate = data_plate
@@ -271,10 +298,6 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         The Langevin step's :math:`2/\lambda` by default; kernels with another update say
         theirs."""
         return adaptation.langevin_limit(curvature)
-
-    def steps_for_next_draw(self) -> int:
-        """How many SG steps the next call of :meth:`sample` runs."""
-        return self.num_steps_per_sample
 
     def draw_statistics(self) -> dict[str, Any]:
         """This kernel's own statistics known when a draw is made (e.g. ``coupling_distance``)."""
@@ -393,7 +416,7 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
             if given is not None and self.model is not None:
                 inits = self._chain_inits(given)
             z = torch.stack([layout.flatten(i) for i in inits])
-            z = (z[0] if k is None else z).to(next(iter(inits[0].values())).dtype)
+            z = (z[0] if k is None else z).to(layout.flat_dtype(inits))  # the widest
             self._t = 0
             self.state = KernelState.create(z, self.state_fields)
         self._plan_adaptation(warmup_steps, z)
@@ -507,11 +530,13 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
             self._load_draw(params)
         k = self.vectorized_chains
         self._diverged = False if k is None else torch.zeros(k, dtype=torch.bool)
-        if self._estimate_at and self._draw == self._estimate_at[0]:
-            self._adapt()
+        self._warmup_boundaries()
         step = self._sg_step if k is None else self._sg_step_chains
+        thinning = self._recording_thinning()
         for _ in range(self.steps_for_next_draw()):
             step()
+            if thinning is not None:
+                thinning.record(self._z, self._step_energy)
         if self._draw >= self._warmup_steps:
             self._record_draw()
         self._draw += 1
@@ -538,6 +563,13 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         out = {"divergences": divergences, "sample_stats": stats, "num_sg_steps": self._t}
         if self._adaptation_log:
             out["step_size_adaptation"] = [dict(r) for r in self._adaptation_log]
+        if self._noise_log:
+            out["gradient_noise"] = dict(self._noise_log[-1])
+        if self._steps_per_sample_chosen is not None:
+            out["num_steps_per_sample"] = self._steps_per_sample_chosen
+        tau = self._autocorrelation_time if self._thinning is None else None
+        if tau is not None or self.auto_thinning:
+            out["autocorrelation_time"] = tau
         if self.metric is not None:
             out["inverse_mass"] = {
                 k: v.clone() for k, v in self._site_views(self.metric.inverse_mass).items()
@@ -555,6 +587,8 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         if self.state is None or getattr(self, "_rng_at_end", None) is not None:
             return  # not run, or this run ended already
         self._complete_last_draw()
+        self._warn_if_hot()
+        self._warn_if_thinned_too_little()
         self._rng_at_end = (self._t, pyro.util.get_rng_state())
         if self.chain_streams is not None:
             self._chain_rng_at_end = (self._t, self.chain_streams.get_state())
@@ -682,6 +716,7 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
             self.state.reset_()
         self._t += 1
         self._last = (u, gnorm, eps)
+        self._step_energy = estimate.energy
 
     def _sg_step_chains(self) -> None:
         """One SG step of vectorised chains: :meth:`_sg_step` row by row, in one update. A
@@ -739,6 +774,7 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
                     getattr(state, f.name)[bad] = 0
         self._t += 1
         self._last = (float(estimate.energy.mean()), float(gnorm.mean()), eps)
+        self._step_energy = estimate.energy
 
     def _record_draw(self) -> None:
         k = self.vectorized_chains

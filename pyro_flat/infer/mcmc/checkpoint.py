@@ -48,12 +48,18 @@ class Checkpoints:
         }
 
     def _adaptation_state(self) -> dict[str, Any] | None:
-        if self._adapted_step_size is None:
+        if (self._adapted_step_size is None and self._steps_per_sample_chosen is None
+                and not self._noise_log):
             return None
+        correction = getattr(self, "_correction", None)
         return {
             "step_size": self._adapted_step_size,
             "inverse_mass": None if self.metric is None else self.metric.inverse_mass.clone(),
             "log": [dict(r) for r in self._adaptation_log],
+            "num_steps_per_sample": self._steps_per_sample_chosen,
+            "gradient_noise": [dict(r) for r in self._noise_log],
+            "friction": self.momentum_friction(),
+            "noise_correction": None if correction is None else correction.clone(),
         }
 
     def aux_generator_state(self) -> torch.Tensor:
@@ -114,4 +120,9 @@ class Checkpoints:
                 self.metric = DiagonalMetric(adapted["inverse_mass"].clone(),
                                              adapted["inverse_mass"].sqrt())
             self._adaptation_log = [dict(r) for r in adapted["log"]]
+            self._steps_per_sample_chosen = adapted.get("num_steps_per_sample")
+            self._noise_log = [dict(r) for r in adapted.get("gradient_noise", [])]
+            if adapted.get("noise_correction") is not None:
+                self.friction = adapted["friction"]
+                self._correction = adapted["noise_correction"].clone()
         return z

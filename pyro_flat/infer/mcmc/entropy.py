@@ -165,6 +165,9 @@ class EntropyMCMC(SGMCMCKernel):
         if self.step_size is not None:
             self.check_step_size(self.step_size)
 
+    def momentum_friction(self) -> float | None:
+        return self.friction if self.dynamics == "underdamped" else None
+
     def stability_limit(self, curvature: float) -> float:
         r"""The limit at the joint curvature: the largest eigenvalue of the Hessian of
         :math:`U(\theta) + k\|\theta-\theta_a\|^2/2` in :math:`(\theta, \theta_a)`,

@@ -6,8 +6,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from pyro_flat import validation
-from pyro_flat.infer.mcmc import adaptation
+from pyro_flat.infer.mcmc import adaptation, gradient_noise
 from pyro_flat.infer.mcmc.base import SGMCMCKernel
 from pyro_flat.infer.mcmc.estimators import Estimate
 from pyro_flat.infer.mcmc.integrators import langevin_step_, underdamped_step_
@@ -90,7 +92,12 @@ class SGHMC(SGMCMCKernel):
         Scalar mass :math:`M > 0`.
     noise_estimate : float
         :math:`\hat B \in [0, C]`, an estimate of the gradient-noise term (``0`` ignores it);
-        gradient noise of variance :math:`s^2` per element is :math:`\hat B = \epsilon s^2 / 2`.
+        gradient noise of variance :math:`s^2` per element is
+        :math:`\hat B = \epsilon s^2 / (2T)`. When warmup chooses the step size on a
+        minibatched model it also chooses :math:`\hat B` per coordinate from the measured
+        gradient noise and raises ``friction`` where :math:`\hat B` would exceed half of it
+        (:mod:`~pyro_flat.infer.mcmc.gradient_noise`); the chosen values are in
+        ``diagnostics()["gradient_noise"]``, and this argument is then not used.
     **kwargs
         The arguments of :class:`SGMCMCKernel`.
 
@@ -115,8 +122,44 @@ class SGHMC(SGMCMCKernel):
         self.noise_estimate = validation.in_range(
             "noise_estimate", noise_estimate, 0.0, self.friction
         )
+        self._given_friction = self.friction
+        #: Per-coordinate :math:`\hat B` chosen in warmup on a minibatched model (else None).
+        self._correction: torch.Tensor | None = None
+        self._correction_scale: tuple[float, torch.Tensor] | None = None
         if self.step_size is not None:
             self.check_step_size(self.step_size)
+
+    def momentum_friction(self) -> float:
+        return self.friction
+
+    def noise_correction(self) -> float | torch.Tensor:
+        return self.noise_estimate if self._correction is None else self._correction
+
+    def _restore_friction(self) -> None:
+        self.friction, self._correction, self._correction_scale = self._given_friction, None, None
+
+    def fit_gradient_noise(self, step_size: float, curvature: float,
+                           variance: torch.Tensor) -> float:
+        r"""With the measured minibatch gradient variance :math:`v`, the per-coordinate noise
+        correction :math:`\hat B_i = \epsilon P_i v_i / (2T)` (Chen et al. 2014), and a
+        friction raised to :math:`2\max_i \hat B_i` where the given one is below it (the
+        step then follows the stability rule at that friction): the momentum receives
+        :math:`2 C \epsilon T` of noise in all, as the target needs."""
+        def step_for(friction: float) -> float:
+            return self.stability_fraction * adaptation.underdamped_limit(
+                curvature, friction, self.mass)
+
+        inverse_mass = None if self.metric is None else self.metric.inverse_mass
+        self.friction, step, self._correction = gradient_noise.corrected_friction(
+            variance, self.temperature, self._given_friction, step_for, inverse_mass)
+        return step
+
+    def _noise_scale(self, step_size: float) -> torch.Tensor:
+        r""":math:`\sqrt{2 (C - \hat B) \epsilon T}` per coordinate, kept for the step size."""
+        if self._correction_scale is None or self._correction_scale[0] != step_size:
+            variance = 2.0 * (self.friction - self._correction) * step_size * self.temperature
+            self._correction_scale = (step_size, variance.clamp(min=0.0).sqrt())
+        return self._correction_scale[1]
 
     def stability_limit(self, curvature: float) -> float:
         return adaptation.underdamped_limit(curvature, self.friction, self.mass)
@@ -140,10 +183,18 @@ class SGHMC(SGMCMCKernel):
     state_fields = (MOMENTUM, NOISE)
 
     def update(self, state: KernelState, estimate: Estimate, step_size: float) -> None:
-        underdamped_step_(
-            state.position, state.momentum, estimate.step_grad, step_size, self.friction,
-            self.mass, self.temperature, state.noise, self.noise_estimate, metric=self.metric,
-        )
+        if self._correction is None:
+            underdamped_step_(
+                state.position, state.momentum, estimate.step_grad, step_size, self.friction,
+                self.mass, self.temperature, state.noise, self.noise_estimate,
+                metric=self.metric,
+            )
+        else:
+            underdamped_step_(
+                state.position, state.momentum, estimate.step_grad, step_size, self.friction,
+                self.mass, self.temperature, state.noise, metric=self.metric,
+                noise_scale=self._noise_scale(step_size),
+            )
 
 
 class CyclicalSGLD(SGLD):

@@ -154,6 +154,9 @@ class SASGLD(SGMCMCKernel):
         self.estimator = SharpnessAwareGradient(self.rho, self.geometry)
         self.state_fields = (MOMENTUM, NOISE) if self.dynamics == "underdamped" else (NOISE,)
 
+    def momentum_friction(self) -> float | None:
+        return self.friction if self.dynamics == "underdamped" else None
+
     def stability_limit(self, curvature: float) -> float:
         return dyn.stability_limit(self.dynamics, curvature, self.friction, self.mass)
 

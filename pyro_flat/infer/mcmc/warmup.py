@@ -1,18 +1,22 @@
 """Warmup that chooses the step size (and a diagonal metric) of an SG-MCMC kernel: the part of
 :class:`~pyro_flat.infer.mcmc.base.SGMCMCKernel` that runs at the estimate points of warmup.
-The rule and its constants are in :mod:`pyro_flat.infer.mcmc.adaptation`."""
+The rule and its constants are in :mod:`pyro_flat.infer.mcmc.adaptation`; the measurement of
+the minibatch gradient noise in :mod:`pyro_flat.infer.mcmc.gradient_noise`; the choice of the
+SG steps per draw in :mod:`pyro_flat.infer.mcmc.thinning`."""
 
 from __future__ import annotations
 
 import logging
 import math
+import warnings
 
 import pyro.util
 import torch
 
 from pyro_flat.batchnorm_state import find_batchnorm, kept_running_stats
-from pyro_flat.infer.mcmc import adaptation
+from pyro_flat.infer.mcmc import adaptation, gradient_noise, thinning
 from pyro_flat.infer.mcmc.adaptation import DiagonalMetric
+from pyro_flat.infer.mcmc.thinning import AutoThinning
 
 _LOG = logging.getLogger("pyro_flat.adaptation")
 
@@ -34,8 +38,21 @@ class WarmupAdaptation:
         self._moment_sum: torch.Tensor | None = None
         self._moment_count = 0
         self._metric_from_start = True
+        self._gradient_variance: torch.Tensor | None = None
+        self._noise_at: list[int] = []
+        self._noise_log: list[dict[str, float]] = []
+        self._noise_warned = False
+        self._thinning: AutoThinning | None = None
+        self._thinning_at: list[int] = []
+        self._thinning_start: int | None = None
+        self._autocorrelation_time: float | None = None
+        self._steps_per_sample_chosen: int | None = None
 
     def _plan_adaptation(self, warmup_steps: int, z: torch.Tensor) -> None:
+        if self._streams:  # minibatched: measure the gradient noise (also with a given step)
+            self._noise_at = (adaptation.estimate_points(warmup_steps) if warmup_steps
+                              else [0])
+        self._plan_thinning(warmup_steps)
         if not self.adapts or (self._adapted_step_size is not None and not warmup_steps):
             return  # an explicit step size, or a resumed run that adapted already
         if warmup_steps < 1:
@@ -109,8 +126,16 @@ class WarmupAdaptation:
         if not self._estimate_at:
             self._moment_sum = None  # the metric is frozen from here on
         curvature = self._top_curvature()
+        self._restore_friction()
         limit = self.stability_limit(curvature) if curvature > 0 else math.inf
         step = self.stability_fraction * limit
+        noise_limited = False
+        if (self._gradient_variance is not None and self.temperature > 0
+                and self._draw >= adaptation.NOISE_FROM * self._warmup_steps
+                and math.isfinite(step) and step > 0):
+            fitted = self.fit_gradient_noise(step, curvature, self._gradient_variance)
+            noise_limited = fitted < step
+            step = fitted
         if not (math.isfinite(step) and step > 0):
             if self._adapted_step_size is not None:  # keep the last good estimate
                 _LOG.warning("%s: curvature estimate %r at warmup draw %d unusable; keeping "
@@ -127,10 +152,197 @@ class WarmupAdaptation:
         self._adapted_step_size = step
         record = {"draw": self._draw, "num_sg_steps": self._t, "curvature": curvature,
                   "stability_limit": limit, "step_size": step}
+        if self._gradient_variance is not None:
+            record["noise_limited"] = noise_limited
         self._adaptation_log.append(record)
         _LOG.info("%s: warmup draw %d (SG step %d): largest curvature %.4g, stability limit "
                   "%.4g, step size %.4g%s", type(self).__name__, self._draw, self._t,
                   curvature, limit, step, " (diagonal metric)" if self.metric else "")
+
+
+    # ------------------------------------------------------------------ gradient noise
+
+    #: Whether a run warns when the excess temperature is above the bound (a kernel whose
+    #: dynamics were fitted to minibatch noise, as L2E's meta-learned ones, reports it only).
+    warns_on_gradient_noise: bool = True
+
+    def fit_gradient_noise(self, step_size: float, curvature: float,
+                           variance: torch.Tensor) -> float:
+        r"""The adapted step size given the measured minibatch gradient ``variance``: at most
+        ``step_size`` (the stability rule's), and small enough that the minibatch noise is at
+        most :data:`~pyro_flat.infer.mcmc.gradient_noise.TARGET_RATIO` of the injected noise
+        in every coordinate (the ratio is linear in the step). SGHMC overrides it to choose
+        its noise correction and friction instead."""
+        ratio = float(self.gradient_noise_terms(variance, step_size)[0].max())
+        if ratio > gradient_noise.TARGET_RATIO:
+            return step_size * gradient_noise.TARGET_RATIO / ratio
+        return step_size
+
+    def momentum_friction(self) -> float | None:
+        """The friction of an underdamped update (``None``: a Langevin update)."""
+        return None
+
+    def noise_correction(self) -> float | torch.Tensor:
+        r"""The update's gradient-noise correction :math:`\hat B` (0: none)."""
+        return 0.0
+
+    def _restore_friction(self) -> None:
+        """Undo what an earlier estimate chose for the friction (SGHMC overrides)."""
+
+    def gradient_noise_terms(self, variance: torch.Tensor, step_size: float
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per coordinate, the noise ratio and the relative excess temperature of a step of
+        ``step_size`` (:mod:`~pyro_flat.infer.mcmc.gradient_noise`)."""
+        terms = {"step_size": step_size, "temperature": self.temperature,
+                 "inverse_mass": None if self.metric is None else self.metric.inverse_mass,
+                 "friction": self.momentum_friction(), "correction": self.noise_correction()}
+        return (gradient_noise.noise_ratio(variance, **terms),
+                gradient_noise.temperature_excess(variance, **terms))
+
+    def _measure_noise(self) -> None:
+        """Estimate the minibatch gradient variance at the current position."""
+        self._noise_at.pop(0)
+        stream = self._streams[0]
+        with kept_running_stats(find_batchnorm(self.model)):
+            variance = gradient_noise.measure_variance(
+                self.potential_and_grad, stream.size, stream.batch_size,
+                self.vectorized_chains, self._t, self._z.device)
+        if variance is not None:
+            self._gradient_variance = variance
+
+    def _report_noise(self) -> None:
+        """Record the noise ratio and excess temperature at the step size in force."""
+        step = self.base_step_size
+        if step is None:
+            step = self.current_step_size()
+        if self._gradient_variance is None or self.temperature == 0:
+            return
+        ratio, excess = self.gradient_noise_terms(self._gradient_variance, step)
+        worst = int(excess.reshape(-1, excess.shape[-1]).max(0).values.argmax())
+        site = next(s.name for s in self._layout.sites if s.offset <= worst < s.stop)
+        record = {"draw": self._draw, "num_sg_steps": self._t, "step_size": step,
+                  "noise_ratio": float(ratio.max()),
+                  "median_noise_ratio": float(ratio.median()),
+                  "temperature_excess": float(excess.max()),
+                  "site": site}
+        friction = self.momentum_friction()
+        if friction is not None:
+            record["friction"] = float(friction)
+            record["noise_correction"] = float(torch.as_tensor(self.noise_correction()).max())
+        self._noise_log.append(record)
+        _LOG.info("%s: warmup draw %d: minibatch/injected noise ratio %.3g (median %.3g), "
+                  "excess temperature %.1f%% (worst at site %r)", type(self).__name__,
+                  self._draw, record["noise_ratio"], record["median_noise_ratio"],
+                  100 * record["temperature_excess"], site)
+
+    def _warn_if_hot(self) -> None:
+        """Warn once when the last measured excess temperature is above the bound."""
+        if not self._noise_log or self._noise_warned or not self.warns_on_gradient_noise:
+            return
+        last = self._noise_log[-1]
+        if last["temperature_excess"] > gradient_noise.EXCESS_BOUND:
+            self._noise_warned = True
+            advice = ("omit step_size so that warmup chooses one that accounts for the noise"
+                      if not self.adapts else "raise the minibatch size")
+            warnings.warn(
+                f"{type(self).__name__}: the minibatch gradient noise is "
+                f"{last['noise_ratio']:.3g} times the injected noise (site "
+                f"{last['site']!r}): the chain runs about "
+                f"{100 * last['temperature_excess']:.0f}% hotter than temperature="
+                f"{self.temperature:g}, above the bound of "
+                f"{100 * gradient_noise.EXCESS_BOUND:.0f}%. Use a smaller step_size, a larger "
+                f"subsample_size, or {advice}; see diagnostics()['gradient_noise']",
+                RuntimeWarning, stacklevel=3)
+
+    # ------------------------------------------------------------------ thinning
+
+    def _plan_thinning(self, warmup_steps: int) -> None:
+        if not self.auto_thinning:
+            if warmup_steps >= 4 and self.step_size_schedule is None:  # measure, to warn
+                self._thinning = AutoThinning([(s.offset, s.stop) for s in self._layout.sites
+                                               if s.numel])
+                self._thinning_at = adaptation.estimate_points(warmup_steps)[-1:]
+                self._thinning_at.append(warmup_steps)
+                self._thinning_start = self._thinning_at.pop(0)
+            return
+        if self._steps_per_sample_chosen is not None and not warmup_steps:
+            return  # a resumed run that chose it already
+        if warmup_steps < 4:
+            raise ValueError(
+                f"num_steps_per_sample='auto' chooses the SG steps per draw from the "
+                f"autocorrelations of warmup, but warmup_steps={warmup_steps}: give "
+                "MCMC(..., warmup_steps=...) of at least 4 (a few hundred are usual) or an "
+                "integer num_steps_per_sample"
+            )
+        self._thinning = AutoThinning([(s.offset, s.stop) for s in self._layout.sites
+                                       if s.numel])
+        self._thinning_at = [p for p in adaptation.estimate_points(warmup_steps) if p > 0]
+        self._thinning_at.append(warmup_steps)
+
+    def _end_thinning_window(self, step_before: float | None) -> None:
+        self._thinning_at.pop(0)
+        step_after = self.base_step_size
+        if step_before is None or step_after is None:
+            step_before = step_after = 1.0
+        next_draws = self._thinning_at[0] - self._draw if self._thinning_at else None
+        self._thinning.window_end(step_before, step_after, next_draws)
+        if not self.auto_thinning:  # measured only: say if the given thinning is far too small
+            self._autocorrelation_time = self._thinning.last_tau
+            self._thinning = None
+            return
+        if not self._thinning_at:  # warmup ends: the value of every draw after it
+            self._steps_per_sample_chosen = self._thinning.steps_per_sample
+            self._autocorrelation_time = self._thinning.last_tau
+            _LOG.info("%s: %d SG steps per draw (largest autocorrelation time %s SG steps)",
+                      type(self).__name__, self._steps_per_sample_chosen,
+                      self._thinning.last_tau)
+            self._thinning = None
+
+    def _warmup_boundaries(self) -> None:
+        """What runs at the start of a draw: noise measurement, adaptation, thinning."""
+        if self._noise_at and self._draw == self._noise_at[0]:
+            self._measure_noise()
+        measured = bool(self._noise_log) or self._gradient_variance is not None
+        step_before = self.base_step_size
+        adapted = False
+        if self._estimate_at and self._draw == self._estimate_at[0]:
+            self._adapt()
+            adapted = True
+        if self._thinning_at and self._draw == self._thinning_at[0]:
+            self._end_thinning_window(step_before)
+        if measured and (adapted or not self.adapts) and (
+                not self._noise_log or self._noise_log[-1]["num_sg_steps"] != self._t):
+            self._report_noise()
+
+    def _recording_thinning(self) -> AutoThinning | None:
+        """The recorder of this draw's SG steps, if the draw is in a measured window."""
+        if self._thinning is None or (self._thinning_start is not None
+                                      and self._draw < self._thinning_start):
+            return None
+        return self._thinning
+
+    def _warn_if_thinned_too_little(self) -> None:
+        tau = self._autocorrelation_time
+        if tau is None or self.auto_thinning:
+            return
+        if tau > thinning.TOO_FEW_FACTOR * self.num_steps_per_sample:
+            warnings.warn(
+                f"{type(self).__name__}: the slowest site summary has an autocorrelation time "
+                f"of about {tau:.0f} SG steps in the last quarter of warmup, over "
+                f"{thinning.TOO_FEW_FACTOR:g} times num_steps_per_sample="
+                f"{self.num_steps_per_sample}: the draws will be strongly autocorrelated "
+                f"(an effective sample size near {self.num_steps_per_sample / tau:.0%} of "
+                f"their number). Use num_steps_per_sample='auto' or about "
+                f"{math.ceil(tau / thinning.DRAWS_PER_TAU)}",
+                RuntimeWarning, stacklevel=3)
+
+    def steps_for_next_draw(self) -> int:
+        """How many SG steps the next call of :meth:`sample` runs."""
+        if not self.auto_thinning:
+            return self.num_steps_per_sample
+        if self._thinning is not None:
+            return self._thinning.steps_per_sample
+        return self._steps_per_sample_chosen
 
 
 def _as_scalar(u: torch.Tensor) -> torch.Tensor:

@@ -169,7 +169,11 @@ def test_adaptation_takes_the_smallest_step_of_the_chains():
     kernel = SGLD(model, num_steps_per_sample=2, vectorized_chains=4, preconditioner="diag")
     mcmc = harness.run(kernel, 10, 20, 0, x, y)
     record = mcmc.diagnostics()["step_size_adaptation"]["chain 0"][-1]
-    assert record["step_size"] == pytest.approx(0.2 * record["stability_limit"])
+    stable = 0.2 * record["stability_limit"]  # and smaller where the minibatch noise is large
+    if record["noise_limited"]:
+        assert record["step_size"] < stable
+    else:
+        assert record["step_size"] == pytest.approx(stable)
     inverse_mass = mcmc.diagnostics()["inverse_mass"]["chain 0"]["net.weight"]
     assert inverse_mass.shape == (4, 1, 2)  # one metric per chain
     step = pyro_flat.sample_stats(mcmc, group_by_chain=True)["step_size"]

@@ -1,0 +1,167 @@
+r"""The minibatch gradient noise of an SG-MCMC chain, measured in warmup, beside the injected noise.
+
+A minibatch gradient is :math:`\nabla\hat U = \nabla U + \eta` with :math:`\eta` of
+per-coordinate variance :math:`v_i` (zero with a full batch). Each SG step adds
+:math:`\eta`'s noise to the noise the update injects, so a chain runs at a higher effective
+temperature than the :math:`T` it was given. Per coordinate, per step:
+
+* Langevin updates (SGLD and its kin): :math:`\theta` receives :math:`\epsilon^2 P_i^2 v_i` of
+  minibatch noise beside the injected :math:`2\epsilon T P_i`; the ratio is
+  :math:`r_i = \epsilon P_i v_i / (2T)` and the chain samples at
+  :math:`T_{\mathrm{eff},i} = T(1 + r_i)` (to first order in :math:`\epsilon`);
+* underdamped updates (SGHMC, L2E, the underdamped forms of EntropyMCMC and SASGLD): the
+  momentum receives :math:`\epsilon^2 P_i v_i` beside the injected
+  :math:`2(C - \hat B_i)\epsilon T`; the ratio is
+  :math:`r_i = \epsilon P_i v_i / (2(C - \hat B_i)T)` and
+  :math:`T_{\mathrm{eff},i}/T = 1 + (\epsilon P_i v_i/(2T) - \hat B_i)/C`, exact when the
+  noise correction is :math:`\hat B_i = \epsilon P_i v_i / (2T)` (Chen et al. 2014, Eq. 13).
+
+:math:`P` is the diagonal metric (1 without one). :func:`measure_variance` estimates
+:math:`v` at the chain's position from :data:`NUM_BATCHES` independent minibatches (each a
+uniform draw of ``B`` of the ``N`` points, as the kernel's epoch-wise batches are marginally),
+so the estimate is the minibatch noise alone, not the movement of the chain.
+
+The kernels report the largest :math:`r_i` (``noise_ratio``) and the largest relative excess
+:math:`(T_{\mathrm{eff},i} - T)/T` (``temperature_excess``) in
+``diagnostics()["gradient_noise"]``, and warn when the excess is above
+:data:`EXCESS_BOUND` (10%: the posterior standard deviations are then up to about 5% too
+wide). When warmup chooses the step size, Langevin updates take a step at which the ratio
+is at most :data:`TARGET_RATIO`, and SGHMC sets the per-coordinate correction
+:math:`\hat B_i` and, where :math:`\hat B_i` would exceed :data:`CORRECTION_SHARE` of the
+friction, raises the friction.
+
+References
+----------
+Chen, T., Fox, E. & Guestrin, C. (2014). Stochastic gradient Hamiltonian Monte Carlo. ICML.
+Vollmer, S. J., Zygalakis, K. C. & Teh, Y. W. (2016). Exploration of the (non-)asymptotic
+bias and variance of stochastic gradient Langevin dynamics. JMLR.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+#: Minibatches per estimate of the gradient variance: a coordinate's variance estimate then
+#: has a relative standard error of about :math:`\sqrt{2/31} \approx 0.25`.
+NUM_BATCHES = 32
+#: The noise ratio an adapted Langevin step is chosen for (5% excess temperature).
+TARGET_RATIO = 0.05
+#: The relative excess temperature above which a run warns.
+EXCESS_BOUND = 0.1
+#: The largest share of the friction an adapted SGHMC leaves to the noise correction
+#: :math:`\hat B` (the rest is injected noise, so an error in :math:`v` moves the temperature
+#: by at most this share of that error).
+CORRECTION_SHARE = 0.5
+#: Seeds the draws of the measuring minibatches (offset by the SG step count), so that
+#: measuring touches no random stream of the chain.
+_SEED = 0x5EED_0153
+
+
+def measure_variance(
+    evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    num_data: int,
+    batch_size: int,
+    num_chains: int | None,
+    step: int,
+    device: torch.device,
+    num_batches: int = NUM_BATCHES,
+) -> torch.Tensor | None:
+    r"""The per-coordinate variance of the minibatch gradient at the current position.
+
+    Parameters
+    ----------
+    evaluate : callable
+        ``evaluate(batch) -> (U, grad U)`` at the chain's position (the gradient flat, one row
+        per chain for vectorised chains; it may be a buffer the next call overwrites).
+    num_data, batch_size : int
+        ``N`` and ``B`` of the subsampled plate.
+    num_chains : int or None
+        ``K`` for vectorised chains (each gets batches of its own), ``None`` for one chain.
+    step : int
+        The chain's SG step count, which seeds the batches.
+    device : torch.device
+        Where the index tensors live.
+    num_batches : int
+        How many minibatches to evaluate.
+
+    Returns
+    -------
+    torch.Tensor or None
+        The unbiased sample variance over the finite evaluations, shaped like the gradient;
+        ``None`` when fewer than two were finite.
+    """
+    generator = torch.Generator().manual_seed(_SEED + step)
+    rows = 1 if num_chains is None else num_chains
+    count, mean, m2 = 0, None, None
+    for _ in range(num_batches):
+        batch = torch.stack([torch.randperm(num_data, generator=generator)[:batch_size]
+                             for _ in range(rows)]).to(device)
+        _, grad = evaluate(batch[0] if num_chains is None else batch)
+        if not bool(torch.isfinite(grad).all()):
+            continue
+        count += 1
+        if mean is None:
+            mean, m2 = grad.detach().clone(), torch.zeros_like(grad)
+            continue
+        delta = grad - mean
+        mean.add_(delta, alpha=1.0 / count)
+        m2.addcmul_(delta, grad - mean)
+    if count < 2:
+        return None
+    return m2 / (count - 1)
+
+
+def noise_ratio(variance: torch.Tensor, step_size: float, temperature: float,
+                inverse_mass: torch.Tensor | None = None, friction: float | None = None,
+                correction: float | torch.Tensor = 0.0) -> torch.Tensor:
+    r"""Per coordinate, the minibatch noise of a step over the noise it injects: :math:`r_i`
+    above (``friction`` ``None`` for a Langevin update)."""
+    scaled = step_size * variance * (1.0 if inverse_mass is None else inverse_mass)
+    if friction is None:
+        return scaled / (2.0 * temperature)
+    injected = torch.as_tensor(friction - correction, dtype=variance.dtype)
+    return scaled / (2.0 * injected.clamp(min=torch.finfo(variance.dtype).tiny) * temperature)
+
+
+def temperature_excess(variance: torch.Tensor, step_size: float, temperature: float,
+                       inverse_mass: torch.Tensor | None = None, friction: float | None = None,
+                       correction: float | torch.Tensor = 0.0) -> torch.Tensor:
+    r"""Per coordinate, :math:`(T_{\mathrm{eff},i} - T)/T` of a step (see the module's text)."""
+    scaled = step_size * variance * (1.0 if inverse_mass is None else inverse_mass)
+    if friction is None:
+        return scaled / (2.0 * temperature)
+    return (scaled / (2.0 * temperature) - correction) / friction
+
+
+def corrected_friction(
+    variance: torch.Tensor,
+    temperature: float,
+    friction: float,
+    step_for: Callable[[float], float],
+    inverse_mass: torch.Tensor | None = None,
+    max_iterations: int = 50,
+) -> tuple[float, float, torch.Tensor]:
+    r"""SGHMC's friction, step size and noise correction for a measured gradient variance.
+
+    :math:`\hat B_i = \epsilon P_i v_i / (2T)`; where :math:`\max_i \hat B_i` exceeds
+    :data:`CORRECTION_SHARE` of the friction, the friction is raised to
+    :math:`\max_i \hat B_i / \text{share}` and the step recomputed (``step_for(friction)``, the
+    stability rule, gives a smaller step at a larger friction, and so a smaller
+    :math:`\hat B`), until the two agree.
+
+    Returns
+    -------
+    (friction, step_size, correction)
+    """
+    scale = variance * (1.0 if inverse_mass is None else inverse_mass) / (2.0 * temperature)
+    top = float(scale.max())
+    step = step_for(friction)
+    for _ in range(max_iterations):
+        needed = step * top / CORRECTION_SHARE
+        if needed <= friction * (1.0 + 1e-9):
+            break
+        friction = needed
+        step = step_for(friction)
+    return friction, step, step * scale
