@@ -126,7 +126,7 @@ class AutoThinning:
 
     The kernel calls :meth:`record` after each SG step of warmup with the flat position,
     :meth:`window_end` at each window's end with the step sizes of the window that ended and
-    of the next one, and reads :attr:`steps_per_sample`.
+    of the next one, and reads ``steps_per_sample``.
     """
 
     def __init__(self, site_slices: list[tuple[int, int]]):

@@ -337,7 +337,7 @@ class WarmupAdaptation:
                 RuntimeWarning, stacklevel=3)
 
     def steps_for_next_draw(self) -> int:
-        """How many SG steps the next call of :meth:`sample` runs."""
+        """How many SG steps the next call of ``sample`` runs."""
         if not self.auto_thinning:
             return self.num_steps_per_sample
         if self._thinning is not None:
