@@ -245,3 +245,20 @@ def assert_resume_continues(make_kernel, *args, seed: int = 3):
     for site, values in whole.get_samples().items():
         assert torch.equal(values[10:], second.get_samples()[site]), site
     return whole, second
+
+
+def every_kernel(step_size: float) -> dict:
+    """Every pyro_flat kernel at a given step size with small-model settings, by name:
+    ``make(model, **kwargs)``."""
+    from pyro_flat.infer import L2E, SASGLD, SGHMC, SGLD, ContourSGLD, CyclicalSGLD, EntropyMCMC
+
+    eps = step_size
+    return {
+        "SGLD": lambda m, **kw: SGLD(m, eps, **kw),
+        "SGHMC": lambda m, **kw: SGHMC(m, eps, **kw),
+        "CyclicalSGLD": lambda m, **kw: CyclicalSGLD(m, eps, cycle_length=5, **kw),
+        "EntropyMCMC": lambda m, **kw: EntropyMCMC(m, eps, eta=0.01, **kw),
+        "ContourSGLD": lambda m, **kw: ContourSGLD(m, eps, num_bins=10, auto_bins=True, **kw),
+        "SASGLD": lambda m, **kw: SASGLD(m, eps, rho=0.01, **kw),
+        "L2E": lambda m, **kw: L2E(m, eps, **kw),
+    }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import warnings
 
+import harness
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -18,7 +19,7 @@ from pyro.nn import PyroModule, PyroSample
 import pyro_flat.infer.mcmc.potential as potential_module
 from pyro_flat import to_arviz
 from pyro_flat.bnn import BNN
-from pyro_flat.infer import L2E, SASGLD, SGHMC, SGLD, ContourSGLD, CyclicalSGLD, EntropyMCMC
+from pyro_flat.infer import SGLD
 from pyro_flat.infer.svi.lean_elbo import LeanELBO
 from pyro_flat.likelihoods import Categorical, HomoskedasticGaussian
 from pyro_flat.observed_shapes import observed_shape_error
@@ -61,15 +62,7 @@ def data():
 
 
 EPS = 1e-5
-KERNELS = {
-    "SGLD": lambda m, **kw: SGLD(m, EPS, **kw),
-    "SGHMC": lambda m, **kw: SGHMC(m, EPS, **kw),
-    "CyclicalSGLD": lambda m, **kw: CyclicalSGLD(m, EPS, cycle_length=5, **kw),
-    "EntropyMCMC": lambda m, **kw: EntropyMCMC(m, EPS, eta=0.01, **kw),
-    "ContourSGLD": lambda m, **kw: ContourSGLD(m, EPS, num_bins=10, auto_bins=True, **kw),
-    "SASGLD": lambda m, **kw: SASGLD(m, EPS, rho=0.01, **kw),
-    "L2E": lambda m, **kw: L2E(m, EPS, **kw),
-}
+KERNELS = harness.every_kernel(EPS)
 
 #: what the message must hold: the site, the value's shape and the distribution's shape
 TARGETS_N1 = (r"observed site 'obs': the value of shape \(16, 1\) and the distribution of "

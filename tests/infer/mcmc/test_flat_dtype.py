@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 
+import harness
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -15,21 +16,13 @@ from pyro.infer.mcmc.util import initialize_model
 from pyro.nn import PyroModule, PyroSample
 
 from pyro_flat.bnn import BNN
-from pyro_flat.infer import L2E, SASGLD, SGHMC, SGLD, ContourSGLD, CyclicalSGLD, EntropyMCMC
+from pyro_flat.infer import SGLD
 from pyro_flat.infer.mcmc.layout import FlatLayout
 from pyro_flat.likelihoods import HomoskedasticGaussian
 
 F64 = torch.float64
 EPS = 1e-5
-KERNELS = {
-    "SGLD": lambda m, **kw: SGLD(m, EPS, **kw),
-    "SGHMC": lambda m, **kw: SGHMC(m, EPS, **kw),
-    "CyclicalSGLD": lambda m, **kw: CyclicalSGLD(m, EPS, cycle_length=5, **kw),
-    "EntropyMCMC": lambda m, **kw: EntropyMCMC(m, EPS, eta=0.01, **kw),
-    "ContourSGLD": lambda m, **kw: ContourSGLD(m, EPS, num_bins=10, auto_bins=True, **kw),
-    "SASGLD": lambda m, **kw: SASGLD(m, EPS, rho=0.01, **kw),
-    "L2E": lambda m, **kw: L2E(m, EPS, **kw),
-}
+KERNELS = harness.every_kernel(EPS)
 
 
 class Float64Regression(PyroModule):
