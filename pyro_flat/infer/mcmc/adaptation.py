@@ -41,8 +41,11 @@ Examples
 >>> mcmc.run(x, y)
 >>> record = mcmc.diagnostics()["step_size_adaptation"]["chain 0"][-1]
 >>> sorted(record)
-['curvature', 'draw', 'num_sg_steps', 'stability_limit', 'step_size']
->>> bool(record["step_size"] == 0.2 * record["stability_limit"])
+['curvature', 'draw', 'noise_limited', 'num_sg_steps', 'stability_limit', 'step_size']
+>>> bool(record["step_size"] <= 0.2 * record["stability_limit"])  # less where the noise is large
+True
+>>> noise = mcmc.diagnostics()["gradient_noise"]["chain 0"]
+>>> bool(noise["temperature_excess"] <= 0.1)
 True
 
 References
