@@ -1,0 +1,106 @@
+"""The conformance matrix as tests (see ``matrix.py`` for the cells, settings and checks).
+
+The fast cells (:func:`~conformance.matrix.fast_cells`) run in CI with the fast budget. Every
+cell of the matrix also runs as a ``slow`` test with the slow budget, skipped unless
+``PYRO_FLAT_CONFORMANCE=all`` (``tests/conformance/conftest.py``); the usual way to run them
+all is ``python benchmarks/conformance.py``, which writes the table of results.
+
+A cell in ``KNOWN_BROKEN`` is an ``xfail`` while it fails as recorded, and fails (strictly)
+once it meets its check or raises the error its fix promises: move it out then.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .matrix import (
+    EXPECTED,
+    KNOWN_BROKEN,
+    Cell,
+    all_cells,
+    budget_in_ci,
+    expectation,
+    fast_cells,
+    run_and_classify,
+)
+from .models import PROBLEMS
+
+
+def _assert_cell(cell: Cell, budget: str) -> None:
+    result = run_and_classify(cell, budget)
+    table = "\n".join(
+        f"  {r.statistic} {r.quantity}: {r.value:.4g} vs {r.reference:.4g}, tolerance "
+        f"{r.tolerance:.3g} (Monte Carlo {r.mc_tolerance:.3g} + bias {r.bias:.3g}), ESS "
+        f"{r.ess:.0f} {'ok' if r.ok else 'FAILED'} {r.note}" for r in result.rows)
+    if result.outcome == "known-broken":
+        pytest.xfail(result.reason)
+    assert result.outcome in ("pass", "expected-error"), (
+        f"{cell}: {result.outcome}: {result.reason}\n{table}")
+
+
+@pytest.mark.parametrize("cell", fast_cells(), ids=str)
+def test_fast_cell(cell: Cell) -> None:
+    _assert_cell(cell, budget_in_ci(cell))
+
+
+@pytest.mark.slow
+@pytest.mark.conformance_slow
+@pytest.mark.parametrize("cell", all_cells(), ids=str)
+def test_slow_cell(cell: Cell) -> None:
+    _assert_cell(cell, "slow")
+
+
+def test_matrix_covers_the_issue() -> None:
+    """At least 8 models, every kernel, and every pattern of EXPECTED and KNOWN_BROKEN
+    matches some cell (a stale entry fails here)."""
+    assert len(PROBLEMS) >= 8
+    ids = [c.id for c in all_cells()]
+    import fnmatch
+
+    for pattern in [*EXPECTED, *KNOWN_BROKEN]:
+        assert fnmatch.filter(ids, pattern), f"{pattern!r} matches no cell of the matrix"
+    assert len(ids) == len(PROBLEMS) * 7 * 3 * 2 * 2
+
+
+def test_an_expected_error_that_does_not_come_fails() -> None:
+    """The classification cannot pass a cell that should have raised and ran instead."""
+    from .matrix import CellResult, Row, classify
+
+    cell = Cell("linreg", "L2E", "full", "adapted", "single")
+    assert expectation(cell)[0] is not None
+    ran = CellResult(cell.id, "fast", rows=[Row("b", "mean", 0.0, 0.0, 1.0, 1.0, 0.0, 100.0,
+                                                True)])
+    assert classify(cell, ran).outcome == "fail"
+
+
+def test_weighted_moments_of_equal_weights_are_the_plain_ones() -> None:
+    """ContourSGLD's reweighted estimator with equal weights gives the plain mean and sd, and
+    standard errors within 20% of the unweighted ones (independent draws)."""
+    import numpy as np
+
+    from .matrix import moments
+
+    x = np.random.default_rng(0).normal(1.0, 2.0, size=(4, 500))
+    plain, weighted = moments(x), moments(x, np.zeros_like(x))
+    assert abs(weighted.mean - plain.mean) < 1e-12
+    assert abs(weighted.sd - plain.sd) / plain.sd < 1e-3
+    assert abs(weighted.se / plain.se - 1) < 0.2
+    assert abs(weighted.sd_se / plain.sd_se - 1) < 0.2
+
+
+def test_a_known_broken_cell_that_meets_its_check_is_flagged(monkeypatch) -> None:
+    """A KNOWN_BROKEN cell that passes, or raises the error its fix promises, is ``fixed`` (a
+    failing test: move it out); one that still fails is ``known-broken``."""
+    from . import matrix
+    from .matrix import Broken, CellResult, Row, classify
+
+    cell = Cell("linreg", "SGLD", "full", "given", "single")
+    monkeypatch.setattr(matrix, "KNOWN_BROKEN",
+                        {cell.id: Broken(4, "test", resolution=(ValueError, "shape"))})
+    row = Row("b", "mean", 0.0, 0.0, 1.0, 1.0, 0.0, 100.0, True)
+    assert classify(cell, CellResult(cell.id, "fast", rows=[row])).outcome == "fixed"
+    raised = CellResult(cell.id, "fast", error="both shape", error_type="ValueError",
+                        _exception=ValueError("both shape"))
+    assert classify(cell, raised).outcome == "fixed"
+    bad = Row("b", "mean", 5.0, 0.0, 1.0, 1.0, 0.0, 100.0, False)
+    assert classify(cell, CellResult(cell.id, "fast", rows=[bad])).outcome == "known-broken"
