@@ -25,6 +25,13 @@ Usage::
     python benchmarks/minibatch_noise.py                       # every kernel, both problems
     python benchmarks/minibatch_noise.py --kernels SGLD SGHMC --problems small
     python benchmarks/minibatch_noise.py --thin 20              # a fixed thinning instead
+    python benchmarks/minibatch_noise.py --problems diabetes --kernels SGHMC --thin 25 \
+        --batch 64 [--before]     # the issue's case; --before: warmup without the noise rule
+    python benchmarks/minibatch_noise.py --preconditioner diag  # with a diagonal metric
+
+A minibatched row also gives its elpd_loo minus the same kernel's full-batch one ("to full
+batch": the sum is exact from the two differences to NUTS; its standard error needs both
+rows' pointwise values, which the JSON keeps for rows run since they were added).
 
 Results: ``benchmarks/results/minibatch_noise.{json,md}`` (rows replaced by key, so kernels
 can be run separately); NUTS's scores are stored in ``results/minibatch_noise_nuts_*.json``
@@ -170,15 +177,17 @@ def run_nuts(problem: str) -> tuple[az.InferenceData, int, float]:
     return idata, count[0], seconds
 
 
-def run_sg(problem: str, kernel: str, minibatched: bool, thin: str | int) -> dict:
+def run_sg(problem: str, kernel: str, minibatched: bool, thin: str | int,
+           preconditioner: str | None = None, batch_size: int | None = None) -> dict:
     data, make, _ = PROBLEMS[problem]
     x, y = data()
     n = len(y)
-    batch = n // 8 if minibatched else None
+    batch = (batch_size or n // 8) if minibatched else None
     pyro.set_rng_seed(0)
     model = make(0)
+    extra = {"preconditioner": preconditioner} if preconditioner else {}
     k = KERNELS[kernel](model, subsample_size=batch, num_steps_per_sample=thin,
-                        vectorized_chains=CHAINS)
+                        vectorized_chains=CHAINS, **extra)
     mcmc = MCMC(k, num_samples=DRAWS, warmup_steps=WARMUP, disable_progbar=True)
     start = time.perf_counter()
     mcmc.run(x, y)
@@ -216,9 +225,20 @@ def main() -> None:
                         choices=["full", "minibatch"])
     parser.add_argument("--nuts-only", action="store_true", help="only NUTS's reference")
     parser.add_argument("--thin", default="auto", type=lambda v: v if v == "auto" else int(v))
+    parser.add_argument("--preconditioner", default=None, choices=[None, "diag"],
+                        help="also learn a diagonal metric in warmup (SGLD, SGHMC, ContourSGLD)")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="the minibatch size (default N // 8)")
+    parser.add_argument("--before", action="store_true",
+                        help="warmup as before issue 31: no minibatch noise measured, so the "
+                             "step from the curvature alone and SGHMC without its correction")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.before:
+        from pyro_flat.infer.mcmc.warmup import WarmupAdaptation
+
+        WarmupAdaptation._measure_noise = lambda self: None
     path = RESULTS / "minibatch_noise.json"
     rows = json.loads(path.read_text())["rows"] if path.exists() else []
     for problem in args.problems:
@@ -229,14 +249,19 @@ def main() -> None:
             continue
         for kernel in args.kernels:
             for mode in args.modes:
-                r = run_sg(problem, kernel, mode == "minibatch", args.thin)
+                r = run_sg(problem, kernel, mode == "minibatch", args.thin,
+                           args.preconditioner, args.batch)
                 s = scores(r["idata"], site)
                 d = s["loo_i"] - ref["loo_i"]
                 diff, dse = float(d.sum()), float(math.sqrt(len(d) * np.var(d)))
                 z = (s["noise_mean"] - ref["noise_mean"]) / math.hypot(s["noise_mcse"],
                                                                         ref["noise_mcse"])
                 row = {"problem": problem, "kernel": kernel, "mode": mode,
-                       "thin_arg": str(args.thin), "elpd_diff": diff, "dse": dse,
+                       "thin_arg": str(args.thin),
+                       "preconditioner": args.preconditioner or "none",
+                       "batch": (args.batch or len(ref["loo_i"]) // 8) if mode == "minibatch"
+                       else "N", "warmup": "before" if args.before else "noise-aware",
+                       "elpd_diff": diff, "dse": dse,
                        "within_2_dse": abs(diff) <= 2 * dse, "noise_mean": s["noise_mean"],
                        "nuts_noise_mean": ref["noise_mean"], "noise_z": z,
                        "ess_share": s["ess_share"], "nuts_ess_share": ref["ess_share"],
@@ -244,25 +269,48 @@ def main() -> None:
                        "temperature_excess": r["temperature_excess"],
                        "noise_ratio": r["noise_ratio"], "friction": r["friction"],
                        "gradients": r["gradients"], "nuts_gradients": nuts_grads,
-                       "seconds": r["seconds"], "nuts_seconds": nuts_seconds}
-                print(json.dumps({k: v for k, v in row.items()}), flush=True)
-                rows = [x for x in rows if (x["problem"], x["kernel"], x["mode"],
-                                            x["thin_arg"]) != (problem, kernel, mode,
-                                                               str(args.thin))] + [row]
+                       "seconds": r["seconds"], "nuts_seconds": nuts_seconds,
+                       "loo_i": [round(float(v), 5) for v in s["loo_i"]]}
+                print(json.dumps({k: v for k, v in row.items() if k != "loo_i"}), flush=True)
+                rows = [x for x in rows if key(x) != key(row)] + [row]
                 write(rows)
+
+
+def key(row: dict) -> tuple:
+    """The settings that identify a row (a rerun replaces the row of the same key)."""
+    return (row["problem"], row["kernel"], row["mode"], row["thin_arg"],
+            row.get("preconditioner", "none"), str(row.get("batch", "")),
+            row.get("warmup", "noise-aware"))
+
+
+def to_full_batch(row: dict, rows: list[dict]) -> str:
+    """A minibatched row's elpd_loo minus the same kernel's full-batch one, with the standard
+    error of the pointwise difference where both rows hold their pointwise values."""
+    full = [x for x in rows if x["mode"] == "full" and all(
+        x.get(k) == row.get(k) for k in ("problem", "kernel", "thin_arg", "preconditioner"))]
+    if row["mode"] == "full" or not full:
+        return ""
+    if "loo_i" not in row or "loo_i" not in full[0]:  # the sum is exact, the error needs both
+        return f"{row['elpd_diff'] - full[0]['elpd_diff']:+.1f}"
+    d = np.asarray(row["loo_i"]) - np.asarray(full[0]["loo_i"])
+    return f"{d.sum():+.1f} ({math.sqrt(len(d) * d.var()):.1f})"
 
 
 def write(rows: list[dict]) -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "minibatch_noise.json").write_text(json.dumps({"rows": rows}, indent=1))
-    head = ("| problem | kernel | data | thinning | elpd diff to NUTS (dse) | within 2 dse | "
-            "noise scale (NUTS) | z | noise ESS / draws (NUTS) | excess T | SG steps per draw "
-            "| gradients (NUTS) |")
-    lines = [head, "|" + "---|" * 12]
-    for r in sorted(rows, key=lambda r: (r["problem"], r["kernel"], r["mode"], r["thin_arg"])):
+    head = ("| problem | kernel | data | B | warmup | thinning | metric | "
+            "elpd diff to NUTS (dse) | within 2 dse | to full batch (dse) | "
+            "noise scale (NUTS) | z | noise ESS / draws (NUTS) | excess T | "
+            "SG steps per draw | gradients (NUTS) |")
+    lines = [head, "|" + "---|" * 16]
+    for r in sorted(rows, key=key):
         lines.append(
-            f"| {r['problem']} | {r['kernel']} | {r['mode']} | {r['thin_arg']} | "
+            f"| {r['problem']} | {r['kernel']} | {r['mode']} | {r.get('batch', '')} | "
+            f"{r.get('warmup', 'noise-aware')} | {r['thin_arg']} | "
+            f"{r.get('preconditioner', 'none')} | "
             f"{r['elpd_diff']:+.1f} ({r['dse']:.1f}) | {r['within_2_dse']} | "
+            f"{to_full_batch(r, rows)} | "
             f"{r['noise_mean']:.3f} ({r['nuts_noise_mean']:.3f}) | {r['noise_z']:+.1f} | "
             f"{r['ess_share']:.2f} ({r['nuts_ess_share']:.2f}) | "
             f"{100 * r['temperature_excess']:.0f}% | {r['thin']} | "

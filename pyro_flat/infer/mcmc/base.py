@@ -108,11 +108,14 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         ``B``: minibatch a full-batch model. Model arguments whose leading dimension is ``N`` are
         sliced with fresh indices at every step and the data plate is scaled by ``N / B``. A
         model written with ``pyro.plate("data", N, subsample_size=B)`` is minibatched without it.
-    num_steps_per_sample : int or "auto"
+    num_steps_per_sample : int or "auto", optional
         SG steps per returned draw (thinning), ``>= 1``. ``"auto"``: warmup chooses it from
         the autocorrelations of the chain (:mod:`~pyro_flat.infer.mcmc.thinning`: about
-        five draws per integrated autocorrelation time of the energy and the small sites), shown
-        in ``diagnostics()["num_steps_per_sample"]``; needs ``warmup_steps >= 4``.
+        five draws per integrated autocorrelation time of the slowest small site that is no
+        network weight, or of the energy), shown in ``diagnostics()["num_steps_per_sample"]``;
+        needs ``warmup_steps >= 4``. Default: ``"auto"`` when warmup chooses the step size
+        (no ``step_size`` and no ``step_size_schedule``) and ``warmup_steps >= 4``, else 1
+        (with a warning after warmup when that is far too few).
     step_size_schedule : callable, optional
         ``t -> step size`` of the SG step index ``t = 0, 1, ...``, replacing ``step_size``.
     init_strategy : callable, optional
@@ -191,7 +194,7 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         initial_params: dict[str, torch.Tensor] | None = None,
         temperature: float = 1.0,
         subsample_size: int | None = None,
-        num_steps_per_sample: int | str = 1,
+        num_steps_per_sample: int | str | None = None,
         step_size_schedule: Callable[[int], float] | None = None,
         init_strategy: Callable | None = None,
         data_plate: str | None = None,
@@ -238,6 +241,12 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         self.step_size = None if step_size is None else validation.positive("step_size", step_size)
         self.temperature = validation.nonnegative("temperature", temperature)
         self.subsample_size = subsample_size
+        #: Whether the thinning was left to its default (``"auto"`` when warmup chooses the
+        #: step size, else 1; see ``_plan_thinning``).
+        self._thinning_by_default = num_steps_per_sample is None
+        if num_steps_per_sample is None:
+            adapts = self.supports_adaptation and step_size is None and step_size_schedule is None
+            num_steps_per_sample = "auto" if adapts else 1
         #: Whether warmup chooses the SG steps per draw (``num_steps_per_sample="auto"``).
         self.auto_thinning = isinstance(num_steps_per_sample, str)
         if self.auto_thinning:

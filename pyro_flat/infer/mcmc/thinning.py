@@ -3,34 +3,48 @@ r"""SG steps per draw chosen in warmup from the autocorrelations of the chain ("
 An SG step moves the chain by :math:`O(\sqrt\epsilon)`, so successive steps are strongly
 correlated and a draw per step wastes memory and analysis on near-copies. With
 ``num_steps_per_sample="auto"`` warmup runs in the four windows between the estimate points
-of :mod:`~pyro_flat.infer.mcmc.adaptation` (0, 1/4, 1/2, 3/4 of warmup) and its end. In each
-window the kernel records, at every SG step and per chain, the energy :math:`\hat U` of the
-step and every element of each small site (at most :data:`SMALL_SITE` elements, in the
-unconstrained space: noise and prior scales, mixture weights, low-dimensional coefficients).
-The weight tensors of a network are left out: they wander along the flat and symmetric
-directions of its posterior far more slowly than anything the network predicts, and their
-autocorrelation would ask for thinning that buys nothing. At the end of a
-window it estimates each summary's integrated autocorrelation time :math:`\tau` in SG steps
-(:func:`integrated_autocorrelation_time`: in the windows before the last one after
-removing each series' linear drift; in the last one pooled over vectorised chains), takes
-the largest over summaries (the mean over chains), rescales it to the step size of the next
-window (:math:`\tau \propto 1/\epsilon` for a Langevin chain) and sets
+of :mod:`~pyro_flat.infer.mcmc.adaptation` (0, 1/4, 1/2, 3/4 of warmup) and its end.
+
+**What is monitored.** In each window the kernel records, at every SG step and per chain, every
+element of each small site (at most :data:`SMALL_SITE` elements, in the unconstrained space:
+noise and prior scales, mixture weights, low-dimensional coefficients) that is not a torch
+layer's weight (:func:`network_weight_sites`); a model with no such site is monitored by its
+energy :math:`\hat U`. A network's weights, and the energy of a network (its prior term is
+the weights' squared norm), wander along the flat and symmetric directions of the posterior
+far more slowly than anything the network predicts or the scales a user reads, and between
+modes of different energy that no chain crosses: their autocorrelation would ask for
+thinning that buys nothing (``benchmarks/minibatch_noise.py`` measures it).
+
+**The estimate.** At the end of a window the kernel estimates each summary's integrated
+autocorrelation time :math:`\tau` in SG steps (:func:`integrated_autocorrelation_time`: in
+the warmup windows the mean over chains of each chain's estimate after removing its linear
+drift, or with vectorised chains the multi-chain estimate if it is larger, since it also
+sees a slow component on which the chains still disagree; in the last window the multi-chain
+estimate), takes the largest over summaries, rescales it to the step size of the next window
+(:math:`\tau \propto 1/\epsilon` for a Langevin chain) and sets
 
 .. math:: k = \big\lceil \tau_{\max} / \text{DRAWS\_PER\_TAU} \big\rceil
 
-SG steps per draw for the draws after warmup. An autocorrelation time is only estimated well
-from a window many times longer (Sokal's rule of thumb; Geyer's estimate is biased low in
-a short one), so the warmup windows themselves run long enough for the next window to hold
-:data:`WINDOW_TAUS` autocorrelation times,
-:math:`k_w = \max(k, \lceil \text{WINDOW\_TAUS}\,\tau_{\max} / D \rceil)` for a window of
-:math:`D` draws. Every choice is clipped to ``[1, MAX_STEPS_PER_SAMPLE]`` and to at most
-:data:`MAX_GROWTH` times the previous window's. The criterion: about
-:data:`DRAWS_PER_TAU` (5) draws per autocorrelation time of the slowest summary, so that the
-kept draws have an effective sample size of about a fifth of their number, and at least a tenth
-where :math:`\tau` was underestimated by up to half
-(for a chain whose :math:`\tau` in draws is :math:`\tau/k`). The value chosen at the end of
-warmup is used for every draw after it and is in
-``diagnostics()["num_steps_per_sample"]`` and the ``step_size_adaptation`` records.
+SG steps per draw for the draws after warmup.
+
+**The windows.** An autocorrelation time is only estimated well from a window many times
+longer (Sokal's rule of thumb), and no estimate sees a component slower than its window
+spans. So each warmup window runs long enough to hold :data:`WINDOW_TAUS` autocorrelation
+times of the previous estimate, :math:`k_w = \max(k, \lceil \text{WINDOW\_TAUS}\,\tau_{\max}
+/ D \rceil)` for a window of :math:`D` draws, and at least :data:`MIN_GROWTH` times the
+previous window's steps per draw (:data:`MAX_GROWTH` times when the window that ended
+spanned fewer than ``WINDOW_TAUS`` of its own estimates: that estimate is only a lower
+bound). Every choice is clipped to ``[1, MAX_STEPS_PER_SAMPLE]`` and to at most
+``MAX_GROWTH`` times the previous window's.
+
+**The criterion.** About :data:`DRAWS_PER_TAU` (5) draws per autocorrelation time of the
+slowest summary, so that the kept draws have an effective sample size of about a fifth of
+their number, and at least a tenth where :math:`\tau` was underestimated by up to half (for a
+chain whose :math:`\tau` in draws is :math:`\tau/k`). A slow component that the last window
+cannot see (one longer than the warmup's SG steps) is missed: the draws' ESS, which ArviZ
+reports, is the check. The value chosen at the end of warmup is used for every draw after
+it and is in ``diagnostics()["num_steps_per_sample"]`` and the ``step_size_adaptation``
+records.
 
 References
 ----------
@@ -52,6 +66,8 @@ INITIAL_STEPS_PER_SAMPLE = 10
 DRAWS_PER_TAU = 5.0
 #: The largest factor by which one window's thinning may exceed the previous one's.
 MAX_GROWTH = 4
+#: The smallest factor by which one warmup window's thinning exceeds the previous one's.
+MIN_GROWTH = 2
 #: The most SG steps per draw "auto" chooses.
 MAX_STEPS_PER_SAMPLE = 10_000
 #: The fewest SG steps in a window for an estimate; shorter windows keep the last value.
@@ -121,6 +137,33 @@ def integrated_autocorrelation_time(x: torch.Tensor, detrend: bool = False,
     return tau.clamp(min=1.0).where(var.squeeze(-1) > 0, torch.ones_like(tau))
 
 
+def network_weight_sites(model: object) -> set[str]:
+    """The sites of ``model`` that are a torch layer's weights made random by ``PyroSample``.
+
+    A site is one when its :class:`~pyro.nn.PyroModule` is also a ``torch.nn`` layer (for
+    example ``PyroModule[torch.nn.Linear]``, or any layer of a network converted by
+    :func:`~pyro_flat.nn.make_bayesian` or :class:`~pyro_flat.bnn.BNN`). A ``PyroSample``
+    of a user's own module (a hierarchical scale, say) and ``pyro.sample`` statements are not.
+    A model that is no ``torch.nn.Module`` has none.
+    """
+    if not isinstance(model, torch.nn.Module):
+        return set()
+    from pyro.nn import PyroModule
+
+    out = set()
+    for module_name, layer in model.named_modules():
+        if not isinstance(layer, PyroModule) or not _is_torch_layer(layer):
+            continue
+        prefix = layer.__dict__.get("_pyro_name", module_name)
+        out.update(f"{prefix}.{attr}" if prefix else attr for attr in layer._pyro_samples)
+    return out
+
+
+def _is_torch_layer(layer: torch.nn.Module) -> bool:
+    return any(c.__module__.startswith("torch.nn.modules.") and c is not torch.nn.Module
+               for c in type(layer).__mro__)
+
+
 class AutoThinning:
     """Chooses the SG steps per draw in warmup (see the module's text).
 
@@ -139,9 +182,11 @@ class AutoThinning:
         self._trace: list[torch.Tensor] = []
 
     def summaries(self, z: torch.Tensor, energy: torch.Tensor) -> torch.Tensor:
-        """Per chain, the energy and the small sites' elements: ``(..., 1 + elements)``."""
-        energy = torch.as_tensor(energy, dtype=z.dtype).reshape(*z.shape[:-1], 1)
-        return torch.cat([energy, z[..., self.columns]], -1)
+        """Per chain, the small sites' elements, or the energy if there are none:
+        ``(..., summaries)``."""
+        if self.columns:
+            return z[..., self.columns]
+        return torch.as_tensor(energy, dtype=z.dtype).reshape(*z.shape[:-1], 1)
 
     def record(self, z: torch.Tensor, energy: torch.Tensor) -> None:
         self._trace.append(self.summaries(z.detach(), energy))
@@ -158,8 +203,11 @@ class AutoThinning:
         series = torch.where(finite.unsqueeze(-1), series, torch.zeros_like(series))
         if next_window_draws:  # warmup: the chain may still drift
             tau = integrated_autocorrelation_time(series, detrend=True)
-            if tau.dim() > 1:  # vectorised chains: the mean over chains
-                tau = tau.mean(0)
+            if tau.dim() > 1:  # vectorised chains: the mean over chains, or more if they
+                # disagree (each chain's own drift-free estimate cannot see a slow mode that
+                # a short window does not cross; the chains' spread can)
+                tau = torch.maximum(tau.mean(0),
+                                    integrated_autocorrelation_time(series, pooled=True))
         else:  # the last quarter of warmup, at the final step size: pooled over the chains
             tau = integrated_autocorrelation_time(series, pooled=series.dim() > 2)
         slowest = float(tau.max()) * step_size / next_step_size
@@ -168,5 +216,10 @@ class AutoThinning:
         wanted = math.ceil(slowest / DRAWS_PER_TAU)
         if next_window_draws:
             wanted = max(wanted, math.ceil(WINDOW_TAUS * slowest / next_window_draws))
+            # each window at least MIN_GROWTH times longer than the last: an estimate cannot
+            # see a slower component than its window spans; one too short to trust its own
+            # estimate (a lower bound only) grows the most
+            growth = MAX_GROWTH if self.window_taus < WINDOW_TAUS else MIN_GROWTH
+            wanted = max(wanted, growth * self.steps_per_sample)
         self.steps_per_sample = max(1, min(wanted, MAX_STEPS_PER_SAMPLE,
                                            MAX_GROWTH * self.steps_per_sample))

@@ -257,10 +257,13 @@ class WarmupAdaptation:
     # ------------------------------------------------------------------ thinning
 
     def _plan_thinning(self, warmup_steps: int) -> None:
+        if self._thinning_by_default:  # "auto" if warmup adapts and can measure, else 1
+            self.auto_thinning = self._adapt_requested and (
+                warmup_steps >= 4 or self._steps_per_sample_chosen is not None)
+            self.num_steps_per_sample = "auto" if self.auto_thinning else 1
         if not self.auto_thinning:
             if warmup_steps >= 4 and self.step_size_schedule is None:  # measure, to warn
-                self._thinning = AutoThinning([(s.offset, s.stop) for s in self._layout.sites
-                                               if s.numel])
+                self._thinning = self._new_thinning()
                 self._thinning_at = adaptation.estimate_points(warmup_steps)[-1:]
                 self._thinning_at.append(warmup_steps)
                 self._thinning_start = self._thinning_at.pop(0)
@@ -274,10 +277,14 @@ class WarmupAdaptation:
                 "MCMC(..., warmup_steps=...) of at least 4 (a few hundred are usual) or an "
                 "integer num_steps_per_sample"
             )
-        self._thinning = AutoThinning([(s.offset, s.stop) for s in self._layout.sites
-                                       if s.numel])
+        self._thinning = self._new_thinning()
         self._thinning_at = [p for p in adaptation.estimate_points(warmup_steps) if p > 0]
         self._thinning_at.append(warmup_steps)
+
+    def _new_thinning(self) -> AutoThinning:
+        weights = thinning.network_weight_sites(getattr(self, "model", None))
+        return AutoThinning([(s.offset, s.stop) for s in self._layout.sites
+                             if s.numel and s.name not in weights])
 
     def _end_thinning_window(self, step_before: float | None) -> None:
         self._thinning_at.pop(0)
@@ -293,9 +300,11 @@ class WarmupAdaptation:
         if not self._thinning_at:  # warmup ends: the value of every draw after it
             self._steps_per_sample_chosen = self._thinning.steps_per_sample
             self._autocorrelation_time = self._thinning.last_tau
-            _LOG.info("%s: %d SG steps per draw (largest autocorrelation time %s SG steps)",
-                      type(self).__name__, self._steps_per_sample_chosen,
-                      self._thinning.last_tau)
+            tau = self._thinning.last_tau
+            _LOG.info("%s: %d SG steps per draw (%s)", type(self).__name__,
+                      self._steps_per_sample_chosen,
+                      "warmup too short to measure an autocorrelation: the first window's value"
+                      if tau is None else f"largest autocorrelation time {tau:.0f} SG steps")
             self._thinning = None
 
     def _warmup_boundaries(self) -> None:

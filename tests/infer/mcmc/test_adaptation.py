@@ -263,8 +263,11 @@ def test_chosen_values_are_logged(caplog):
     with caplog.at_level(logging.INFO, logger="pyro_flat.adaptation"):
         harness.run(SGLD(gaussian_model()), 2, 4)
     lines = [r.getMessage() for r in caplog.records if r.name == "pyro_flat.adaptation"]
-    assert len(lines) == 4 and "largest curvature 100" in lines[0], lines
-    assert "step size 0.004" in lines[-1]
+    assert len(lines) == 5 and "largest curvature 100" in lines[0], lines
+    assert "step size 0.004" in lines[-2]
+    # the default thinning is chosen by warmup when it adapts; 4 warmup draws are too few
+    # to measure an autocorrelation, and the log says so
+    assert "10 SG steps per draw (warmup too short to measure" in lines[-1], lines[-1]
 
 
 def test_an_explicit_step_size_does_not_adapt():

@@ -93,3 +93,68 @@ def test_bad_thinning_is_named():
         gaussian_kernel("often")
     with pytest.raises(ValueError, match="warmup_steps=2: give"):
         harness.run(gaussian_kernel("auto"), 5, 2, 0)
+
+
+def test_network_weights_are_not_monitored():
+    """A torch layer's weights made random by PyroSample (a PyroModule[nn.Linear], a network
+    in BNN) are left out; a user's own PyroSample scale and pyro.sample sites are not."""
+    import pyro.distributions as dist
+    from pyro.nn import PyroModule, PyroSample
+
+    from pyro_flat.bnn import BNN
+    from pyro_flat.infer.mcmc.thinning import network_weight_sites
+    from pyro_flat.likelihoods import HomoskedasticGaussian
+
+    class Net(PyroModule):
+        def __init__(self):
+            super().__init__()
+            self.scale = PyroSample(dist.HalfNormal(1.0))
+            self.fc = PyroModule[torch.nn.Linear](2, 3)
+            self.fc.weight = PyroSample(dist.Normal(0.0, 1.0).expand([3, 2]).to_event(2))
+            self.fc.bias = PyroSample(dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+
+    assert network_weight_sites(Net()) == {"fc.weight", "fc.bias"}
+    bnn = BNN(torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Tanh(),
+                                  torch.nn.Linear(3, 1)), HomoskedasticGaussian())
+    assert network_weight_sites(bnn) == {"net.0.weight", "net.0.bias", "net.2.weight",
+                                         "net.2.bias"}
+    assert network_weight_sites(lambda x: x) == set()
+
+
+def test_warmup_windows_grow_at_least_twofold():
+    """Each warmup window runs at least MIN_GROWTH times the previous one's steps per draw,
+    also when its estimate says fewer would do: no estimate sees a component slower than
+    its window, so a chain with a slow mode a short window misses is not trusted to be fast.
+    A window too short for its own estimate grows by MAX_GROWTH."""
+    from pyro_flat.infer.mcmc import thinning
+
+    auto = thinning.AutoThinning([(0, 1)])
+    white = torch.randn(4, 1, 400, generator=torch.Generator().manual_seed(0))
+    for step in range(400):  # tau = 1: by itself one step per draw would do
+        auto._trace.append(white[..., step])
+    auto.window_end(1.0, 1.0, next_window_draws=75)
+    assert auto.steps_per_sample == thinning.MIN_GROWTH * thinning.INITIAL_STEPS_PER_SAMPLE
+    slow = ar1(0.999, 400, 4).unsqueeze(1)  # tau ~ 2,000 in a window of 400 steps
+    for step in range(400):
+        auto._trace.append(slow[..., step])
+    auto.window_end(1.0, 1.0, next_window_draws=75)
+    assert auto.steps_per_sample == thinning.MAX_GROWTH * 2 * thinning.INITIAL_STEPS_PER_SAMPLE
+    assert auto.window_taus < thinning.WINDOW_TAUS
+
+
+def test_thinning_defaults_to_auto_when_warmup_chooses_the_step():
+    """No step size and no thinning: warmup chooses both. A given step keeps one SG step per
+    draw; a warmup too short to measure falls back to one, without an error."""
+
+    def kernel(**kw):
+        return SGLD(potential_fn=lambda p: 0.5 * p["x"].square().sum(-1),
+                    initial_params={"x": torch.zeros(4, 1)}, vectorized_chains=4, **kw)
+
+    adapted = kernel()
+    harness.run(adapted, 20, 200, 0)
+    assert adapted.auto_thinning and adapted.diagnostics()["num_steps_per_sample"] >= 1
+    given = kernel(step_size=EPS)
+    assert not given.auto_thinning and given.num_steps_per_sample == 1
+    short = kernel()
+    harness.run(short, 5, 2, 0)
+    assert not short.auto_thinning and short.num_steps_per_sample == 1
