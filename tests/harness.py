@@ -233,14 +233,20 @@ def underdamped_exact_cov(hessian: torch.Tensor, step_size: float, friction: flo
     return stationary_covariance(f, 2 * friction * eps * temperature * g @ g.T)[:d, :d]
 
 
-def assert_resume_continues(make_kernel, *args, seed: int = 3):
+def assert_resume_continues(make_kernel, *args, seed: int = 3, through_file=None):
     """Run 4 + 20 draws at once, and 4 + 10 draws, a checkpoint, then 10 more draws in a new
     kernel (under another seed: the checkpoint's random state must win); the last 10 draws must
-    be equal bit for bit. Returns the two runs ``(whole, second)``."""
+    be equal bit for bit. ``through_file``: a path the checkpoint is written to with
+    ``torch.save`` and read back with ``torch.load``'s defaults (``weights_only=True``).
+    Returns the two runs ``(whole, second)``."""
     whole = run(make_kernel(), 20, 4, seed, *args)
     first = run(make_kernel(), 10, 4, seed, *args)
     resumed = make_kernel()
-    resumed.load_state_dict(first.kernel.state_dict())
+    state = first.kernel.state_dict()
+    if through_file is not None:
+        torch.save(state, through_file)
+        state = torch.load(through_file)
+    resumed.load_state_dict(state)
     second = run(resumed, 10, 0, seed + 1000, *args)
     for site, values in whole.get_samples().items():
         assert torch.equal(values[10:], second.get_samples()[site]), site

@@ -45,16 +45,27 @@ def load_rank_checkpoint(directory: str | os.PathLike, *, rank: int, world_size:
     if not path.exists():
         first = checkpoint_path(directory, 0)
         if rank > 0 and first.exists():
-            saved = torch.load(first, weights_only=False).get("world_size")
+            saved = _read(first).get("world_size")
             raise ValueError(_mismatch(directory, saved, world_size))
         raise FileNotFoundError(f"no checkpoint for rank {rank} in {directory} ({path.name} "
                                 "is missing)")
-    state = torch.load(path, weights_only=False)
-    if state.get("format") != FORMAT:
+    state = _read(path)
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ValueError(f"{path} is not a pyro_flat.distributed checkpoint of format {FORMAT}")
     if state["world_size"] != world_size:
         raise ValueError(_mismatch(directory, state["world_size"], world_size))
     return state
+
+
+def _read(path: Path) -> Any:
+    """``torch.load`` with its defaults (tensors and plain Python values only); a file that
+    cannot be read is an error naming it."""
+    try:
+        return torch.load(path)
+    except Exception as error:
+        raise ValueError(f"cannot read the checkpoint {path} (truncated, corrupt, or not a "
+                         f"pyro_flat.distributed checkpoint): {type(error).__name__}: "
+                         f"{str(error).splitlines()[0] if str(error) else ''}") from error
 
 
 def _mismatch(directory: str | os.PathLike, saved: int, world_size: int) -> str:

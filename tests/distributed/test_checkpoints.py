@@ -47,3 +47,23 @@ def test_resuming_on_another_world_size_is_a_clear_error(two_rank_job: Path) -> 
     mcmc = DistributedMCMC(make(), num_samples=5, warmup_steps=0)  # a job of one rank
     with pytest.raises(ValueError, match="world size mismatch.*world size 2.*world size 1"):
         mcmc.load_checkpoint(two_rank_job / "ckpt")
+
+
+def test_a_corrupt_or_truncated_checkpoint_names_its_path(tmp_path: Path) -> None:
+    """Read with torch.load's defaults: a file cut short or overwritten is an error naming it
+    (it was a bare UnpicklingError or a zip error without the path)."""
+    from pyro_flat.distributed.checkpoints import (
+        checkpoint_path,
+        load_rank_checkpoint,
+        save_rank_checkpoint,
+    )
+
+    save_rank_checkpoint(tmp_path, {"z": torch.zeros(3)}, rank=0, world_size=1)
+    assert torch.equal(load_rank_checkpoint(tmp_path, rank=0, world_size=1)["kernel"]["z"],
+                       torch.zeros(3))
+    path = checkpoint_path(tmp_path, 0)
+    whole = path.read_bytes()
+    for broken in (whole[: len(whole) // 2], b"not a checkpoint", b""):
+        path.write_bytes(broken)
+        with pytest.raises(ValueError, match=f"cannot read the checkpoint {path}"):
+            load_rank_checkpoint(tmp_path, rank=0, world_size=1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pyro.util
 import torch
 
@@ -16,6 +17,26 @@ from pyro_flat.infer.mcmc.state import KernelState
 #: before named state, has the same keys for every kernel and still loads.
 _STATE_VERSION = 2
 _LOADABLE_VERSIONS = (1, 2)
+
+
+def portable_rng_state(state: dict[str, Any]) -> dict[str, Any]:
+    """Pyro's random state (``pyro.util.get_rng_state()``) with NumPy's key as a tensor, so that
+    ``torch.load`` with its default ``weights_only=True`` reads a saved checkpoint."""
+    numpy_state = state.get("numpy")
+    if numpy_state is None or not isinstance(numpy_state[1], np.ndarray):
+        return state
+    name, key, pos, has_gauss, cached = numpy_state
+    return {**state, "numpy": (str(name), torch.from_numpy(key.astype(np.int64)), int(pos),
+                               int(has_gauss), float(cached))}
+
+
+def native_rng_state(state: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`portable_rng_state` (a state saved as NumPy's passes through)."""
+    numpy_state = state.get("numpy")
+    if numpy_state is None or not isinstance(numpy_state[1], torch.Tensor):
+        return state
+    name, key, pos, has_gauss, cached = numpy_state
+    return {**state, "numpy": (name, key.numpy().astype(np.uint32), pos, has_gauss, cached)}
 
 
 class Checkpoints:
@@ -41,7 +62,7 @@ class Checkpoints:
             "minibatch": None if self._stream is None else (
                 self._stream.state_dict() if self.vectorized_chains is None
                 else [stream.state_dict() for stream in self._streams]),
-            "rng": self._rng_for_checkpoint(),
+            "rng": portable_rng_state(self._rng_for_checkpoint()),
             "aux_rng": self.aux_generator_state(),
             "chain_rng": None if self.chain_streams is None else self._chain_rng_for_checkpoint(),
             "adaptation": self._adaptation_state(),
@@ -109,7 +130,7 @@ class Checkpoints:
                 saved_streams = [saved_streams]
             for stream, saved in zip(self._streams, saved_streams, strict=True):
                 stream.load_state_dict(saved)
-        pyro.util.set_rng_state(state["rng"])
+        pyro.util.set_rng_state(native_rng_state(state["rng"]))
         self.aux_generator.set_state(state["aux_rng"])
         if self.chain_streams is not None:
             self.chain_streams.set_state(state["chain_rng"])

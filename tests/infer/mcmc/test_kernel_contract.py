@@ -134,6 +134,17 @@ def test_resume_is_bitwise(name, data):
         assert torch.equal(harness_stats(whole)[stat][10:].nan_to_num(), values.nan_to_num()), stat
 
 
+@pytest.mark.parametrize("vectorized", [False, True], ids=["one chain", "vectorized"])
+@pytest.mark.parametrize("name", NAMES)
+def test_a_checkpoint_saved_to_disk_resumes_bitwise(name, vectorized, data, tmp_path):
+    """``torch.save(kernel.state_dict(), f)`` and ``torch.load(f)`` with torch's defaults
+    (``weights_only=True``: tensors and plain Python values only) continue the chain bit for
+    bit, minibatched and with vectorised chains too."""
+    kw = {"vectorized_chains": 2} if vectorized else {}
+    harness.assert_resume_continues(lambda: _kernel(name, **kw), *data,
+                                    through_file=tmp_path / "checkpoint.pt")
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_deterministic_under_set_rng_seed(name, data):
     def run(seed):
