@@ -156,6 +156,13 @@ class Part:
         self.num_draws = stop
         self.file.attrs["num_draws"] = stop
 
+    def flush(self) -> None:
+        """Write everything appended so far through to the operating system, HDF5's metadata
+        included (h5netcdf's own ``flush`` writes netCDF attributes only): a process killed
+        after it returns leaves a file that opens with these draws."""
+        self.file.flush()
+        self.file._h5file.flush()
+
     def truncate(self, num_draws: int) -> None:
         """Keep only the first ``num_draws`` draws (drop those a resumed run writes again)."""
         if num_draws >= self.num_draws:

@@ -275,7 +275,7 @@ class _ChainWriter:
         draws = {name: buf[:, :done] for name, buf in self.buffers.items()}
         stats = {name: self._stat(name, rows) for name in self.stat_names}
         self.part.append(draws, stats, np.asarray(rows) + self.first_draw)
-        self.part.file.flush()
+        self.part.flush()
         left = len(self.rows) - done
         for buf in self.buffers.values():
             buf[:, :left] = buf[:, done:done + left]
