@@ -208,7 +208,9 @@ def open_draws(path: str | Path) -> Any:
     Raises
     ------
     ValueError
-        If ``path`` holds no part file, or parts whose chains overlap.
+        If ``path`` holds no part file, a part that cannot be read (naming it), parts whose
+        chains overlap, or parts that do not belong together (other sites, shapes or dtypes:
+        the part and the difference are named).
 
     Warns
     -----
@@ -251,10 +253,16 @@ def open_draws(path: str | Path) -> Any:
     groups: dict[str, list] = {group: [] for group in GROUPS}
     root_attrs: list[dict] = []
     for file in files:
-        for group in GROUPS:
-            groups[group].append(xr.open_dataset(file, group=group, engine="h5netcdf",
-                                                 chunks=chunks))
-        root_attrs.append(_root_attrs(file))
+        try:
+            for group in GROUPS:
+                groups[group].append(xr.open_dataset(file, group=group, engine="h5netcdf",
+                                                     chunks=chunks))
+            root_attrs.append(_root_attrs(file))
+        except Exception as error:
+            raise ValueError(f"cannot read the part {str(file)!r} of the draw store (truncated, "
+                             f"corrupt, or not written by pyro_flat.DrawWriter): "
+                             f"{type(error).__name__}: {error}") from error
+    _check_parts_agree(files, groups)
     _warn_incomplete(files, root_attrs)
     order = np.argsort([int(ds["chain"][0]) for ds in groups["posterior"]])
     chains = np.concatenate([groups["posterior"][i]["chain"].values for i in order])
@@ -278,6 +286,33 @@ def open_draws(path: str | Path) -> Any:
         ds.attrs = dict(attrs)
         data[group] = ds
     return _as_arviz(data, attrs)
+
+
+def _check_parts_agree(files: list[Path], groups: dict[str, list]) -> None:
+    """Parts join only if they hold the same variables with the same shapes and dtypes."""
+    for group, parts in groups.items():
+        def layout(ds: Any) -> dict[str, tuple]:
+            return {name: (tuple(v.shape[2:]), str(v.dtype)) for name, v in ds.data_vars.items()}
+
+        first = layout(parts[0])
+        for file, ds in zip(files[1:], parts[1:], strict=True):
+            other = layout(ds)
+            if other == first:
+                continue
+            missing = sorted(set(first) - set(other))
+            extra = sorted(set(other) - set(first))
+            changed = {k: (first[k], other[k]) for k in set(first) & set(other)
+                       if first[k] != other[k]}
+            raise ValueError(
+                f"the part {file.name} of {str(file.parent)!r} does not belong with "
+                f"{files[0].name}: its {group} "
+                + "; ".join(x for x in (
+                    f"lacks {missing}" if missing else "",
+                    f"has {extra} in addition" if extra else "",
+                    "holds " + ", ".join(f"{k} of (shape, dtype) {b} instead of {a}"
+                                         for k, (a, b) in sorted(changed.items()))
+                    if changed else "") if x)
+                + ". Open the runs separately, or write them with the same model and sites")
 
 
 def _root_attrs(file: Path) -> dict[str, Any]:

@@ -259,3 +259,27 @@ def test_shape_changing_latents_are_written_in_their_constrained_shape(chains, d
     _assert_same(opened, to_arviz(mcmc, **NO_REPLAY), constrained=("chol", "weights"))
     posterior = _group(opened, "posterior")
     assert posterior["chol"].shape[-2:] == (2, 2) and posterior["weights"].shape[-1] == 3
+
+
+def test_parts_that_do_not_belong_together_are_refused(data, tmp_path):
+    """Two writers of one store whose runs drew other sites (or the same site in another
+    shape): open_draws names the part and the difference instead of padding with NaN; a part
+    cut short is an error naming its file."""
+    store = tmp_path / "draws"
+    for offset, sites in ((0, ["b", "w"]), (2, ["b"])):
+        writer = DrawWriter(store, num_samples=NUM_SAMPLES, chain_offset=offset, sites=sites)
+        _mcmc(KERNELS["SGLD-vectorized"](), hook_fn=writer, save_params=[]).run(*data)
+    with pytest.raises(ValueError, match=r"part-00002.nc .* does not belong with "
+                                         r"part-00000.nc: its posterior lacks \['w'\]"):
+        open_draws(store)
+    other = tmp_path / "shapes"
+    for offset, x in ((0, data[0]), (2, data[0][:, :3])):  # w of 4, then of 3 elements
+        writer = DrawWriter(other, num_samples=NUM_SAMPLES, chain_offset=offset)
+        _mcmc(KERNELS["SGLD-vectorized"](), hook_fn=writer, save_params=[]).run(x, data[1])
+    with pytest.raises(ValueError, match=r"holds w of \(shape, dtype\) \(\(3,\), 'float32'\) "
+                                         r"instead of \(\(4,\), 'float32'\)"):
+        open_draws(other)
+    part = store / "part-00002.nc"
+    part.write_bytes(part.read_bytes()[:100])
+    with pytest.raises(ValueError, match=f"cannot read the part {str(part)!r}"):
+        open_draws(store)
