@@ -326,7 +326,7 @@ def _warn_incomplete(files: list[Path], root_attrs: list[dict]) -> None:
     unfinished = [f.name for f, a in zip(files, root_attrs, strict=True) if not a.get("complete")]
     if unfinished:
         warnings.warn(f"the runs of {unfinished} did not finish (interrupted, still running, "
-                      "or DrawWriter's num_samples exceeds the run's): their draws so far are "
+                      "or DrawWriter's num_samples was not the run's): their draws so far are "
                       "returned", RuntimeWarning, stacklevel=3)
 
 

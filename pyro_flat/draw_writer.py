@@ -49,6 +49,9 @@ class DrawWriter:
         A directory for the draw store; it must not exist unless ``resume=True``.
     num_samples : int
         Post-warmup draws of each chain in this run: ``MCMC``'s ``num_samples``, ``>= 1``.
+        With a pyro_flat kernel, a run that draws fewer is an error at its end (after its
+        draws are written, the part marked unfinished) and one that draws more an error at
+        the first draw beyond ``num_samples``.
     sites : sequence of str, optional
         The sites to write (a kernel's extra sites included, e.g. EntropyMCMC's
         ``"<site>__guide"``); all by default.
@@ -150,16 +153,37 @@ class DrawWriter:
 
     def __call__(self, kernel: Any, params: dict[str, torch.Tensor], stage: str, i: int) -> None:
         if stage.startswith("Sample"):
+            if i >= self.num_samples:
+                raise ValueError(
+                    f"DrawWriter(num_samples={self.num_samples}) got draw {i} of the run: give "
+                    "it MCMC's num_samples (the draws before it are written)")
             chain = _pyro_chain(stage)
             if i == 0 or self._chain is None or self._chain.pyro_chain != chain:
                 self.close()
                 self._chain = _ChainWriter(self, kernel, params, chain)
+                checks = getattr(kernel, "__dict__", {}).setdefault("_end_of_run_checks", [])
+                checks.append(self._run_ended)
             self._chain.add(kernel, params, i)
             if i == self.num_samples - 1:
                 self._chain.finish(kernel)
                 self._chain = None
         if self.hook_fn is not None:
             self.hook_fn(kernel, params, stage, i)
+
+    def _run_ended(self, kernel: Any) -> None:
+        """Called by the kernel at the end of ``MCMC.run``: a chain that drew fewer than
+        ``num_samples`` draws has them written and is an error (its part is left marked
+        unfinished, as an interrupted run's)."""
+        if self._chain is None:
+            return
+        chain, self._chain = self._chain, None
+        chain.flush()
+        received = chain.received
+        chain.part.close({"next_draw": chain.first_draw + received})
+        raise ValueError(
+            f"DrawWriter(num_samples={self.num_samples}), but the run drew {received} draws "
+            f"per chain: give it MCMC's num_samples. The {received} draws are written to "
+            f"{str(self.path)!r} (the part is marked unfinished)")
 
     def close(self) -> None:
         """Close a part left open by a run that stopped early (its draws written so far stay);
@@ -246,8 +270,10 @@ class _ChainWriter:
         self.buffers = {name: np.empty((self.num_rows, self.block_size + 1, *shapes[name]),
                                        dtypes[name]) for name in self.names}
         self.rows: list[int] = []  # the run's draw index of each buffered draw
+        self.received = 0  # draws of this run the writer was given
 
     def add(self, kernel: Any, params: dict[str, torch.Tensor], i: int) -> None:
+        self.received = i + 1
         if (self.first_draw + i) % self.thin == 0:
             slot = len(self.rows)
             for name in self.names:

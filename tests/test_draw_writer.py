@@ -189,9 +189,15 @@ def test_opening_is_lazy_and_arviz_computes_on_it(data, tmp_path):
 
 
 def test_an_interrupted_run_opens_with_a_warning(data, tmp_path):
-    writer = DrawWriter(tmp_path / "draws", num_samples=NUM_SAMPLES + 5, block_size=2)
+    def interrupt(kernel, params, stage, i):
+        if stage.startswith("Sample") and i == 15:
+            raise KeyboardInterrupt
+
+    writer = DrawWriter(tmp_path / "draws", num_samples=NUM_SAMPLES, block_size=2,
+                        hook_fn=interrupt)
     pyro.set_rng_seed(0)
-    _mcmc(KERNELS["SGLD"](), hook_fn=writer).run(*data)  # num_samples larger than the run's
+    with pytest.raises(KeyboardInterrupt):
+        _mcmc(KERNELS["SGLD"](), hook_fn=writer).run(*data)
     writer.close()
     with pytest.warns(RuntimeWarning, match="did not finish"):
         opened = open_draws(tmp_path / "draws")
@@ -283,3 +289,21 @@ def test_parts_that_do_not_belong_together_are_refused(data, tmp_path):
     part.write_bytes(part.read_bytes()[:100])
     with pytest.raises(ValueError, match=f"cannot read the part {str(part)!r}"):
         open_draws(store)
+
+
+def test_num_samples_is_checked_against_the_run(data, tmp_path):
+    """A writer told more draws than the run makes writes the draws it got and says so at the
+    end of the run (it wrote none, and only open_draws warned); told fewer, it stops at the
+    first draw beyond them."""
+    writer = DrawWriter(tmp_path / "more", num_samples=NUM_SAMPLES + 5)
+    mcmc = _mcmc(KERNELS["SGLD"](), hook_fn=writer, save_params=[])
+    with pytest.raises(ValueError, match=rf"DrawWriter\(num_samples={NUM_SAMPLES + 5}\), but "
+                                         rf"the run drew {NUM_SAMPLES} draws per chain"):
+        mcmc.run(*data)
+    with pytest.warns(RuntimeWarning, match="did not finish"):
+        opened = _group(open_draws(tmp_path / "more"), "posterior")
+    assert opened.sizes["draw"] == NUM_SAMPLES
+    writer = DrawWriter(tmp_path / "fewer", num_samples=NUM_SAMPLES - 5)
+    with pytest.raises(ValueError, match=rf"num_samples={NUM_SAMPLES - 5}\) got draw "
+                                         rf"{NUM_SAMPLES - 5} of the run"):
+        _mcmc(KERNELS["SGLD"](), hook_fn=writer, save_params=[]).run(*data)

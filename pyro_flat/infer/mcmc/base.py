@@ -596,6 +596,8 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         if self.state is None or getattr(self, "_rng_at_end", None) is not None:
             return  # not run, or this run ended already
         self._complete_last_draw()
+        for check in self.__dict__.pop("_end_of_run_checks", []):  # e.g. a DrawWriter's
+            check(self)
         self._warn_if_hot()
         self._warn_if_thinned_too_little()
         self._rng_at_end = (self._t, pyro.util.get_rng_state())
