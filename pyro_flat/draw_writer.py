@@ -66,8 +66,11 @@ class DrawWriter:
     resume : bool
         Append to the existing store at ``path``, continuing its draw index: for a run that
         continues a kernel from its checkpoint (``kernel.load_state_dict``), with
-        ``warmup_steps=0``. The store must hold a part for every chain of the run. Draws that
-        an unfinished run wrote after the last finished one are replaced.
+        ``warmup_steps=0``. The store must hold a part for every chain of the run, and the
+        kernel must continue the checkpoint of the run that finished last (its SG step count
+        and the fingerprint of its position are checked; a fresh kernel or another checkpoint
+        is an error). Draws that an unfinished run wrote after the last finished one are
+        replaced.
     chain_offset : int, optional
         Global index of this writer's first chain, ``>= 0``: a process or rank that runs
         chains ``chain_offset, ...`` of a larger run writes its parts into the same store.
@@ -179,7 +182,7 @@ class DrawWriter:
         chain, self._chain = self._chain, None
         chain.flush()
         received = chain.received
-        chain.part.close({"next_draw": chain.first_draw + received})
+        chain.part.close(chain.end_attrs(kernel, received))
         raise ValueError(
             f"DrawWriter(num_samples={self.num_samples}), but the run drew {received} draws "
             f"per chain: give it MCMC's num_samples. The {received} draws are written to "
@@ -250,6 +253,7 @@ class _ChainWriter:
                 self.part.close()
                 raise ValueError(f"resume: {path.name} holds chains {self.part.chains.tolist()}, "
                                  f"the run's are {chains.tolist()}")
+            self._check_continues(kernel, path)
             self.first_draw = int(self.part.file.attrs.get("next_draw", 0))
             # draws after next_draw were written by a run that did not finish (its chains
             # continue from the checkpoint before it): this run writes them again
@@ -271,6 +275,30 @@ class _ChainWriter:
                                        dtypes[name]) for name in self.names}
         self.rows: list[int] = []  # the run's draw index of each buffered draw
         self.received = 0  # draws of this run the writer was given
+
+    def _check_continues(self, kernel: Any, path: Path) -> None:
+        """``resume=True``: the kernel must continue from the checkpoint of the run that wrote
+        the part (its SG step count and the fingerprint of its position)."""
+        attrs = self.part.file.attrs
+        if "state_fingerprint" not in attrs:  # written before fingerprints, or by hand
+            return
+        stored = (int(np.atleast_1d(attrs["num_sg_steps"])[0]), str(attrs["state_fingerprint"]))
+        resumed = getattr(kernel, "resumed_from", None)
+        problem = None
+        if resumed is None:
+            problem = ("the kernel starts afresh: load the checkpoint saved at the end of that "
+                       "run (kernel.load_state_dict) before MCMC.run")
+        elif resumed[0] != stored[0]:
+            problem = (f"the kernel continues a checkpoint taken after {resumed[0]} SG steps, "
+                       f"the part ends after {stored[0]}: load the checkpoint of the run that "
+                       "wrote it")
+        elif resumed[1] != stored[1]:
+            problem = ("the kernel's checkpoint holds another position than the one the part "
+                       "ends with: load the checkpoint of the run that wrote it")
+        if problem is not None:
+            self.part.close()
+            raise ValueError(f"resume=True: {path.name} does not continue with this kernel: "
+                             f"{problem}")
 
     def add(self, kernel: Any, params: dict[str, torch.Tensor], i: int) -> None:
         self.received = i + 1
@@ -319,11 +347,20 @@ class _ChainWriter:
         if self.recorder is not None and self.recorder.pending:
             kernel.diagnostics()  # completes the last draw as MCMC will, random stream intact
         self.flush()
+        self.part.close(self.end_attrs(kernel, self.num_samples), complete=True)
+
+    def end_attrs(self, kernel: Any, received: int) -> dict[str, Any]:
+        """What a resumed run checks: where the draws end, the SG steps and the position."""
         steps = getattr(kernel, "num_steps", None)
-        attrs = {"next_draw": self.first_draw + self.num_samples}
+        attrs: dict[str, Any] = {"next_draw": self.first_draw + received}
         if isinstance(steps, int):
             attrs["num_sg_steps"] = [steps] * self.num_rows
-        self.part.close(attrs, complete=True)
+            z = getattr(kernel, "_z", None)
+            if isinstance(z, torch.Tensor):
+                from pyro_flat.infer.mcmc.checkpoint import state_fingerprint
+
+                attrs["state_fingerprint"] = state_fingerprint(z)
+        return attrs
 
 
 def _chosen(argument: str, asked: Sequence[str] | None, available: Sequence[str],

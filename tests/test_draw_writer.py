@@ -307,3 +307,41 @@ def test_num_samples_is_checked_against_the_run(data, tmp_path):
     with pytest.raises(ValueError, match=rf"num_samples={NUM_SAMPLES - 5}\) got draw "
                                          rf"{NUM_SAMPLES - 5} of the run"):
         _mcmc(KERNELS["SGLD"](), hook_fn=writer, save_params=[]).run(*data)
+
+
+def test_resume_refuses_a_kernel_that_does_not_continue_the_store(data, tmp_path):
+    """resume=True with a fresh kernel, or with a checkpoint of another moment of the chain,
+    is an error naming the part (both appended duplicated draws bit for bit, silently)."""
+    store = tmp_path / "draws"
+    pyro.set_rng_seed(0)
+    first = _mcmc(KERNELS["SGLD"](), num_samples=10, hook_fn=DrawWriter(store, num_samples=10))
+    first.run(*data)
+    stale = first.kernel.state_dict()
+    second = KERNELS["SGLD"]()
+    second.load_state_dict(stale)
+    _mcmc(second, num_samples=10, warmup=0,
+          hook_fn=DrawWriter(store, num_samples=10, resume=True)).run(*data)
+
+    def resume(kernel):
+        return _mcmc(kernel, num_samples=5, warmup=0,
+                     hook_fn=DrawWriter(store, num_samples=5, resume=True)).run(*data)
+
+    with pytest.raises(ValueError, match="part-00000.nc does not continue with this kernel: "
+                                         "the kernel starts afresh"):
+        resume(KERNELS["SGLD"]())
+    old = KERNELS["SGLD"]()
+    old.load_state_dict(stale)  # taken after the first run, the store has two
+    with pytest.raises(ValueError, match="checkpoint taken after .* SG steps, the part ends "
+                                         "after"):
+        resume(old)
+    pyro.set_rng_seed(1)  # another chain, stopped after as many SG steps
+    other = _mcmc(KERNELS["SGLD"](), num_samples=20)
+    other.run(*data)
+    elsewhere = KERNELS["SGLD"]()
+    elsewhere.load_state_dict(other.kernel.state_dict())
+    with pytest.raises(ValueError, match="holds another position than the one the part ends"):
+        resume(elsewhere)
+    good = KERNELS["SGLD"]()
+    good.load_state_dict(second.state_dict())
+    resume(good)
+    assert _group(open_draws(store), "posterior").sizes["draw"] == 25

@@ -28,7 +28,7 @@ from pyro_flat import validation
 from pyro_flat.infer.mcmc import adaptation
 from pyro_flat.infer.mcmc.adaptation import DiagonalMetric
 from pyro_flat.infer.mcmc.chains import ChainStreams, VectorizedPotential
-from pyro_flat.infer.mcmc.checkpoint import Checkpoints
+from pyro_flat.infer.mcmc.checkpoint import Checkpoints, state_fingerprint
 from pyro_flat.infer.mcmc.estimators import Estimate, MinibatchGradient
 from pyro_flat.infer.mcmc.layout import FlatLayout, Site
 from pyro_flat.infer.mcmc.minibatch import MinibatchStream
@@ -418,8 +418,11 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         self.aux_generator.manual_seed(seeds[0])
         saved, self._resume_state = self._resume_state, None
         self._reset_adaptation()
+        #: ``(SG steps, fingerprint of the position)`` of the checkpoint this run continues.
+        self.resumed_from: tuple[int, str] | None = None
         if saved is not None:
             z = self._restore(saved)
+            self.resumed_from = (self._t, state_fingerprint(z))
         else:
             given = self._user_initial_params or self._kernel_initial_params
             if given is not None and self.model is not None:

@@ -19,6 +19,15 @@ _STATE_VERSION = 2
 _LOADABLE_VERSIONS = (1, 2)
 
 
+def state_fingerprint(z: torch.Tensor) -> str:
+    """A short hash of a chain's position (all vectorised chains), to tell whether a checkpoint
+    continues a run: the position after a run's last draw is the one its checkpoint holds."""
+    import hashlib
+
+    data = z.detach().cpu().contiguous().numpy().tobytes()
+    return hashlib.sha1(data, usedforsecurity=False).hexdigest()[:16]
+
+
 def portable_rng_state(state: dict[str, Any]) -> dict[str, Any]:
     """Pyro's random state (``pyro.util.get_rng_state()``) with NumPy's key as a tensor, so that
     ``torch.load`` with its default ``weights_only=True`` reads a saved checkpoint."""
