@@ -208,15 +208,16 @@ def open_draws(path: str | Path) -> Any:
     Raises
     ------
     ValueError
-        If ``path`` holds no part file, a part that cannot be read (naming it), parts whose
-        chains overlap, or parts that do not belong together (other sites, shapes or dtypes:
-        the part and the difference are named).
+        If ``path`` holds no part file or none that can be read, parts whose chains overlap,
+        or parts that do not belong together (other sites, shapes or dtypes: the part and the
+        difference are named).
 
     Warns
     -----
     RuntimeWarning
-        If a part's run did not finish (its draws so far are returned), or the parts hold
-        different numbers of draws (all are cut to the shortest).
+        If a part's run did not finish (its draws so far are returned), a part cannot be read
+        (it is named, and the store opens without its chains), or the parts hold different
+        numbers of draws (all are cut to the shortest).
 
     Examples
     --------
@@ -252,16 +253,27 @@ def open_draws(path: str | Path) -> Any:
         chunks = None
     groups: dict[str, list] = {group: [] for group in GROUPS}
     root_attrs: list[dict] = []
+    readable, broken = [], []
     for file in files:
         try:
-            for group in GROUPS:
-                groups[group].append(xr.open_dataset(file, group=group, engine="h5netcdf",
-                                                     chunks=chunks))
-            root_attrs.append(_root_attrs(file))
+            opened = {group: xr.open_dataset(file, group=group, engine="h5netcdf",
+                                             chunks=chunks) for group in GROUPS}
+            attrs = _root_attrs(file)
         except Exception as error:
-            raise ValueError(f"cannot read the part {str(file)!r} of the draw store (truncated, "
-                             f"corrupt, or not written by pyro_flat.DrawWriter): "
-                             f"{type(error).__name__}: {error}") from error
+            broken.append(f"{str(file)!r} ({type(error).__name__}: {error})")
+            continue
+        readable.append(file)
+        root_attrs.append(attrs)
+        for group in GROUPS:
+            groups[group].append(opened[group])
+    if broken and not readable:
+        raise ValueError(f"cannot read any part of the draw store {str(root)!r} (truncated, "
+                         "corrupt, or not written by pyro_flat.DrawWriter): " + "; ".join(broken))
+    if broken:
+        warnings.warn(f"cannot read the parts {'; '.join(broken)} (truncated or corrupt, e.g. a "
+                      "process killed before DrawWriter flushed them): opened without their "
+                      "chains", RuntimeWarning, stacklevel=2)
+    files = readable
     _check_parts_agree(files, groups)
     _warn_incomplete(files, root_attrs)
     order = np.argsort([int(ds["chain"][0]) for ds in groups["posterior"]])

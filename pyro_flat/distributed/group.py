@@ -79,6 +79,7 @@ def process_group(backend: str = "gloo", *, timeout: float = 1800.0) -> Iterator
         torch.cuda.set_device(device)
     created = False
     if not is_distributed() and "WORLD_SIZE" in os.environ:
+        _check_environment()
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
         created = True
     try:
@@ -86,3 +87,23 @@ def process_group(backend: str = "gloo", *, timeout: float = 1800.0) -> Iterator
     finally:
         if created and is_distributed():
             dist.destroy_process_group()
+
+
+def _check_environment() -> None:
+    """``RANK`` and ``WORLD_SIZE`` as torchrun sets them: ``0 <= RANK < WORLD_SIZE`` (any
+    other rank would wait for partners that never come)."""
+    values = {}
+    for name in ("WORLD_SIZE", "RANK"):
+        raw = os.environ.get(name, "")
+        try:
+            values[name] = int(raw)
+        except ValueError:
+            raise ValueError(f"the environment variable {name} must be an integer (torchrun "
+                             f"sets it), got {raw!r}") from None
+    if values["WORLD_SIZE"] < 1:
+        raise ValueError(f"the environment variable WORLD_SIZE must be >= 1, got "
+                         f"{values['WORLD_SIZE']}")
+    if not 0 <= values["RANK"] < values["WORLD_SIZE"]:
+        raise ValueError(f"the environment variable RANK must be in [0, WORLD_SIZE) = [0, "
+                         f"{values['WORLD_SIZE']}), got {values['RANK']}: this process would "
+                         "wait for partners that never come")

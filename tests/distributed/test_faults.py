@@ -44,3 +44,22 @@ def test_a_rank_that_raises_in_a_data_parallel_step_stops_every_rank(tmp_path: P
     with pytest.raises(mp.ProcessRaisedException,
                        match=r"rank 1 of 2 failed: KeyError: 'a broken shard' \(at SG step \d+"):
         forked(tmp_path, "fail:raise")
+
+
+@pytest.mark.parametrize("env, match", [
+    ({"WORLD_SIZE": "2", "RANK": "2"}, r"RANK must be in \[0, WORLD_SIZE\) = \[0, 2\), got 2"),
+    ({"WORLD_SIZE": "2", "RANK": "-1"}, r"RANK must be in \[0, WORLD_SIZE\)"),
+    ({"WORLD_SIZE": "0", "RANK": "0"}, "WORLD_SIZE must be >= 1, got 0"),
+    ({"WORLD_SIZE": "two", "RANK": "0"}, "WORLD_SIZE must be an integer"),
+])
+def test_a_rank_outside_the_world_is_an_error_not_a_hang(monkeypatch, env, match) -> None:
+    """RANK >= WORLD_SIZE waited for partners forever; now it is refused before the group
+    is joined."""
+    from pyro_flat.distributed import process_group
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "1")
+    with pytest.raises(ValueError, match=match), process_group("gloo", timeout=5):
+        pass
