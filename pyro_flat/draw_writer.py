@@ -123,6 +123,8 @@ class DrawWriter:
         chain_offset: int | None = None,
         hook_fn: Callable[[Any, dict, str, int], Any] | None = None,
     ):
+        if not isinstance(path, (str, Path)) or not str(path):
+            raise ValueError(f"path must be a directory path (str or pathlib.Path), got {path!r}")
         self.path = Path(path)
         self.num_samples = validation.integer_at_least("num_samples", num_samples, 1)
         if isinstance(sites, str):
@@ -271,8 +273,16 @@ class _ChainWriter:
         self.block_size = writer.block_size or max(1, BLOCK_BYTES // max(per_draw, 1))
         self.num_samples = writer.num_samples
         # one slot more than a block: the last draw waits there for its statistics
-        self.buffers = {name: np.empty((self.num_rows, self.block_size + 1, *shapes[name]),
-                                       dtypes[name]) for name in self.names}
+        try:
+            self.buffers = {name: np.empty((self.num_rows, self.block_size + 1, *shapes[name]),
+                                           dtypes[name]) for name in self.names}
+        except (MemoryError, ValueError) as error:
+            self.part.close()
+            raise ValueError(
+                f"DrawWriter(block_size={self.block_size}) needs a block of "
+                f"{self.block_size * per_draw:,} bytes in memory ({per_draw:,} per draw), more "
+                "than can be allocated: give a smaller block_size (by default as many draws "
+                "as fit in 16 MiB)") from error
         self.rows: list[int] = []  # the run's draw index of each buffered draw
         self.received = 0  # draws of this run the writer was given
 

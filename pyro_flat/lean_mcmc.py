@@ -10,6 +10,8 @@ import torch
 from pyro.infer import MCMC
 from pyro.util import optional
 
+from pyro_flat import validation
+
 __all__ = ["LeanMCMC"]
 
 
@@ -46,6 +48,10 @@ class LeanMCMC(MCMC):
     >>> tuple(mcmc.get_samples(group_by_chain=True)["mu"].shape)
     (1, 100)
     """
+
+    def __init__(self, kernel: Any, num_samples: int, *args: Any, **kwargs: Any):
+        validation.integer_at_least("num_samples", num_samples, 1)
+        super().__init__(kernel, num_samples, *args, **kwargs)
 
     @poutine.block
     def run(self, *args: Any, **kwargs: Any) -> None:

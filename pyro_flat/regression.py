@@ -76,6 +76,7 @@ def _same_length(name: str, value: torch.Tensor, y: torch.Tensor) -> torch.Tenso
     if value.shape != y.shape:
         raise ValueError(f"{name} must have the shape of y, {tuple(y.shape)}, got "
                          f"{tuple(value.shape)}")
+    _finite(name, value)
     return value
 
 
@@ -83,7 +84,16 @@ def _targets(y: torch.Tensor) -> torch.Tensor:
     y = torch.as_tensor(y).double()
     if y.dim() != 1 or len(y) == 0:
         raise ValueError(f"y must be a non-empty vector, got shape {tuple(y.shape)}")
+    _finite("y", y)
     return y
+
+
+def _finite(name: str, value: torch.Tensor) -> None:
+    bad = ~torch.isfinite(value)
+    if bool(bad.any()):
+        first = int(bad.nonzero()[0, 0])
+        raise ValueError(f"{name} must be finite at every point: {int(bad.sum())} NaN or "
+                         f"infinite values (the first at index {first}, {float(value[first])})")
 
 
 def predictive_summary(draws: torch.Tensor, *, level: float = 0.9) -> RegressionSummary:
@@ -162,9 +172,16 @@ def crps(draws: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def interval_coverage(lower: torch.Tensor, upper: torch.Tensor, y: torch.Tensor) -> float:
-    """Share of the points whose ``y`` lies in ``[lower, upper]``."""
+    """Share of the points whose ``y`` lies in ``[lower, upper]`` (``lower <= upper``, all
+    finite)."""
     y = _targets(y)
     lower, upper = _same_length("lower", lower, y), _same_length("upper", upper, y)
+    reversed_ = lower > upper
+    if bool(reversed_.any()):
+        first = int(reversed_.nonzero()[0, 0])
+        raise ValueError(f"lower must be <= upper at every point: {int(reversed_.sum())} "
+                         f"reversed intervals (the first at index {first}: "
+                         f"[{float(lower[first])}, {float(upper[first])}])")
     return float(((y >= lower) & (y <= upper)).double().mean())
 
 

@@ -271,6 +271,11 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         self.stability_fraction = validation.in_range(
             "stability_fraction", stability_fraction, 0.0, 1.0, closed="()"
         )
+        if stability_fraction != 0.2 and not self._adapt_requested:
+            warnings.warn(
+                f"{type(self).__name__}: stability_fraction={stability_fraction} is used only "
+                "when warmup chooses the step size; with a step_size or step_size_schedule "
+                "given it is ignored", UserWarning, stacklevel=2)
         self.vectorized_chains = None if vectorized_chains is None else (
             validation.integer_at_least("vectorized_chains", vectorized_chains, 1))
         self.metric: DiagonalMetric | None = None

@@ -62,6 +62,11 @@ class WarmupAdaptation:
                 "1 (a few hundred draws are usual) or an explicit step_size"
             )
         self._estimate_at = adaptation.estimate_points(warmup_steps)
+        if self.preconditioner == "diag" and warmup_steps < 4:
+            raise ValueError(
+                f"preconditioner='diag' learns the metric from the gradients of warmup, but "
+                f"warmup_steps={warmup_steps}: give MCMC(..., warmup_steps=...) of at least 4 "
+                "(a few hundred are usual) or preconditioner=None")
         if self.preconditioner == "diag":
             self._moment_sum = torch.zeros_like(z)
             if z.dim() > 1:  # vectorised chains: a chain that skips a step does not count it

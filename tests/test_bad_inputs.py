@@ -1,0 +1,76 @@
+"""Bad inputs that were silent, obscure or crashed (issue 32's sweep), each with the clear error
+(or warning) that names the argument and the accepted range."""
+
+from __future__ import annotations
+
+import math
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import MCMC
+
+from pyro_flat import DrawWriter, LeanMCMC
+from pyro_flat.infer import SGLD
+from pyro_flat.regression import crps, crps_gaussian, gaussian_nll, interval_coverage, rmse
+
+Y = torch.tensor([0.0, 1.0, 2.0])
+NAN_Y = torch.tensor([0.0, math.nan, 2.0])
+INF_Y = torch.tensor([0.0, math.inf, 2.0])
+DRAWS = torch.randn(50, 3, generator=torch.Generator().manual_seed(0))
+ONES = torch.ones(3)
+
+
+def model(y):
+    mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    with pyro.plate("data", len(y)):
+        pyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+CASES = {  # id: (call, error, pattern)
+    "crps NaN target": (lambda: crps(DRAWS, NAN_Y), ValueError, "y must be finite"),
+    "crps_gaussian inf target": (lambda: crps_gaussian(Y, ONES, INF_Y), ValueError,
+                                 "y must be finite at every point: 1 NaN or infinite"),
+    "gaussian_nll inf target": (lambda: gaussian_nll(Y, ONES, INF_Y), ValueError,
+                                "y must be finite"),
+    "gaussian_nll NaN mean": (lambda: gaussian_nll(NAN_Y, ONES, Y), ValueError,
+                              "mean must be finite"),
+    "rmse NaN target": (lambda: rmse(Y, NAN_Y), ValueError, "y must be finite"),
+    "coverage NaN target": (lambda: interval_coverage(Y - 1, Y + 1, NAN_Y), ValueError,
+                            "y must be finite"),
+    "coverage reversed interval": (lambda: interval_coverage(Y + 1, Y - 1, Y), ValueError,
+                                   r"lower must be <= upper at every point: 3 reversed"),
+    "LeanMCMC num_samples=0": (lambda: LeanMCMC(SGLD(model, step_size=1e-2), num_samples=0),
+                               ValueError, "num_samples must be an integer >= 1, got 0"),
+    "LeanMCMC num_samples=-3": (lambda: LeanMCMC(SGLD(model, step_size=1e-2), num_samples=-3),
+                                ValueError, "num_samples must be an integer >= 1, got -3"),
+    "DrawWriter path=5": (lambda: DrawWriter(5, num_samples=10), ValueError,
+                          "path must be a directory path"),
+    "diag metric, warmup 1": (
+        lambda: MCMC(SGLD(model, preconditioner="diag"), num_samples=2, warmup_steps=1,
+                     disable_progbar=True).run(Y),
+        ValueError, r"preconditioner='diag' .* warmup_steps=1: give .* at least 4"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_is_named(case):
+    call, error, pattern = CASES[case]
+    with pytest.raises(error, match=pattern):
+        call()
+
+
+def test_a_block_too_large_to_allocate_names_block_size(tmp_path):
+    writer = DrawWriter(tmp_path / "draws", num_samples=5, block_size=10**15)
+    mcmc = MCMC(SGLD(model, step_size=1e-2), num_samples=5, hook_fn=writer,
+                disable_progbar=True)
+    with pytest.raises(ValueError, match=r"DrawWriter\(block_size=1000000000000000\) needs a "
+                                         r"block of [\d,]+ bytes"):
+        mcmc.run(Y)
+
+
+def test_stability_fraction_with_a_given_step_says_it_is_ignored():
+    with pytest.warns(UserWarning, match="stability_fraction=0.1 is used only when warmup "
+                                         "chooses the step size"):
+        SGLD(model, step_size=1e-2, stability_fraction=0.1)
