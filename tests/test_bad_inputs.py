@@ -74,3 +74,30 @@ def test_stability_fraction_with_a_given_step_says_it_is_ignored():
     with pytest.warns(UserWarning, match="stability_fraction=0.1 is used only when warmup "
                                          "chooses the step size"):
         SGLD(model, step_size=1e-2, stability_fraction=0.1)
+
+
+def test_numpy_data_with_subsample_size_is_told_to_convert():
+    """It was told to "pass the data as model arguments", which it was."""
+    import numpy as np
+
+    x = np.random.default_rng(0).normal(size=(40, 2))
+
+    def regression(x, y):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+        with pyro.plate("data", len(y)):
+            pyro.sample("y", dist.Normal(torch.as_tensor(x, dtype=torch.float32) @ w, 1.0),
+                        obs=torch.as_tensor(y, dtype=torch.float32))
+
+    mcmc = MCMC(SGLD(regression, step_size=1e-3, subsample_size=8), num_samples=2,
+                disable_progbar=True)
+    with pytest.raises(ValueError, match=r"model's data arguments are \['ndarray', 'ndarray'\]: "
+                                         "convert them with torch.as_tensor"):
+        mcmc.run(x, x[:, 0])
+
+
+@pytest.mark.parametrize("warmup", [-1, 2.5, "10"])
+def test_distributed_mcmc_checks_warmup_steps(warmup):
+    from pyro_flat.distributed import DistributedMCMC
+
+    with pytest.raises(ValueError, match="warmup_steps must be an integer >= 0"):
+        DistributedMCMC(SGLD(model, step_size=1e-2), num_samples=5, warmup_steps=warmup)

@@ -163,7 +163,8 @@ class DistributedMCMC:
     ):
         self.kernel = kernel
         self.num_samples = validation.integer_at_least("num_samples", num_samples, 1)
-        self.warmup_steps = warmup_steps
+        self.warmup_steps = None if warmup_steps is None else validation.integer_at_least(
+            "warmup_steps", warmup_steps, 0)
         self.seed = validation.integer_at_least("seed", seed, 0)
         self.group = group
         self.check_every = validation.integer_at_least("check_every", check_every, 1)

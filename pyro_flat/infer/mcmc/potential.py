@@ -291,6 +291,13 @@ def trace_model(
         # dimension is N, the most common leading dimension, and inject indices into plates of N.
         slice_size = _leading_size(args, kwargs)
         if slice_size is None:
+            arrays = [type(a).__name__ for a in (*args, *kwargs.values())
+                      if hasattr(a, "shape") and not torch.is_tensor(a)]
+            if arrays:
+                raise ValueError(
+                    f"subsample_size slices torch tensors, but the model's data arguments are "
+                    f"{arrays}: convert them with torch.as_tensor (e.g. mcmc.run("
+                    "torch.as_tensor(x), torch.as_tensor(y)))")
             raise ValueError(
                 "subsample_size was given but the model has no tensor arguments to subsample; "
                 "pass the data as model arguments (mcmc.run(x, y))"
