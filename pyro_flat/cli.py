@@ -237,15 +237,21 @@ def _positive_int(text: str) -> int:
     return value
 
 
+#: The widest hidden layer ``--hidden`` accepts (on a 784-pixel input a layer this wide
+#: already holds 78 million weights per draw).
+MAX_WIDTH = 100_000
+
+
 def _widths(text: str) -> tuple[int, ...]:
-    """``"100,100"`` as ``(100, 100)``: one or more positive layer widths."""
+    """``"100,100"`` as ``(100, 100)``: one or more layer widths in ``[1, MAX_WIDTH]``."""
     try:
         widths = tuple(int(w) for w in text.split(","))
     except ValueError:
         widths = ()
-    if not widths or min(widths) < 1:
+    if not widths or min(widths) < 1 or max(widths) > MAX_WIDTH:
         raise argparse.ArgumentTypeError(
-            f"must be comma-separated positive layer widths, e.g. 100,100 or 16, got {text!r}")
+            f"must be comma-separated layer widths in [1, {MAX_WIDTH:,}], e.g. 100,100 or 16, "
+            f"got {text!r}")
     return widths
 
 

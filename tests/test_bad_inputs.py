@@ -101,3 +101,14 @@ def test_distributed_mcmc_checks_warmup_steps(warmup):
 
     with pytest.raises(ValueError, match="warmup_steps must be an integer >= 0"):
         DistributedMCMC(SGLD(model, step_size=1e-2), num_samples=5, warmup_steps=warmup)
+
+
+def test_a_hidden_layer_too_wide_is_refused_before_the_run(capsys):
+    """``--hidden 1000000000`` was accepted and failed later with "see results.json"."""
+    from pyro_flat import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["compare", "--hidden", "1000000000"])
+    assert stop.value.code == 2
+    assert "argument --hidden: must be comma-separated layer widths in [1, 100,000]" in (
+        capsys.readouterr().err)
