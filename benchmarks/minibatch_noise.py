@@ -124,6 +124,10 @@ KERNELS = {
 }
 
 
+#: Gradient evaluations per SG step where it is more than one (SASGLD's ascent step).
+GRADIENTS_PER_STEP = {"SASGLD": 2}
+
+
 def nuts_reference(problem: str) -> dict:
     """NUTS's scores (pointwise elpd_loo, the noise scale's mean, MCSE and ESS share), its
     gradient evaluations and seconds: from ``results/minibatch_noise_nuts_{problem}.json``, or
@@ -199,7 +203,8 @@ def run_sg(problem: str, kernel: str, minibatched: bool, thin: str | int,
     extras = sum(2 * 30 for _ in adapt) + (32 * 4 if minibatched else 0) * (batch or n) / n
     noise = diag.get("gradient_noise", {})
     return {"idata": to_arviz(mcmc, model=make(0), model_args=(x, y)), "seconds": seconds,
-            "gradients": CHAINS * (steps * (batch or n) / n + extras),
+            "gradients": CHAINS * (GRADIENTS_PER_STEP.get(kernel, 1) * steps * (batch or n) / n
+                                   + extras),
             "thin": diag.get("num_steps_per_sample", thin),
             "step_size": adapt[-1]["step_size"] if adapt else k.step_size,
             "temperature_excess": noise.get("temperature_excess", 0.0),
