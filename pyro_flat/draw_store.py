@@ -300,15 +300,17 @@ def open_draws(path: str | Path) -> Any:
     return _as_arviz(data, attrs)
 
 
+def _layout(ds: Any) -> dict[str, tuple]:
+    """Each variable's per-draw shape and dtype."""
+    return {name: (tuple(v.shape[2:]), str(v.dtype)) for name, v in ds.data_vars.items()}
+
+
 def _check_parts_agree(files: list[Path], groups: dict[str, list]) -> None:
     """Parts join only if they hold the same variables with the same shapes and dtypes."""
     for group, parts in groups.items():
-        def layout(ds: Any) -> dict[str, tuple]:
-            return {name: (tuple(v.shape[2:]), str(v.dtype)) for name, v in ds.data_vars.items()}
-
-        first = layout(parts[0])
+        first = _layout(parts[0])
         for file, ds in zip(files[1:], parts[1:], strict=True):
-            other = layout(ds)
+            other = _layout(ds)
             if other == first:
                 continue
             missing = sorted(set(first) - set(other))

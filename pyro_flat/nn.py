@@ -466,13 +466,19 @@ def bayesian_parameter_names(module: nn.Module) -> list[str]:
     >>> bayesian_parameter_names(net)
     ['weight']
     """
+    return [name for _, name in pyro_sample_sites(module)]
+
+
+def pyro_sample_sites(module: nn.Module) -> list[tuple[PyroModule, str]]:
+    """Each :class:`~pyro.nn.PyroSample` attribute of ``module`` as ``(its PyroModule, its
+    full site name)``, in ``named_modules()`` order."""
     out = []
     for module_name, layer in module.named_modules():
         if not isinstance(layer, PyroModule):
             continue
         prefix = layer.__dict__.get("_pyro_name", module_name)
-        for attr in layer._pyro_samples:
-            out.append(f"{prefix}.{attr}" if prefix else attr)
+        out.extend((layer, f"{prefix}.{attr}" if prefix else attr)
+                   for attr in layer._pyro_samples)
     return out
 
 

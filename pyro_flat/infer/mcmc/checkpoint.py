@@ -77,6 +77,11 @@ class Checkpoints:
             "adaptation": self._adaptation_state(),
         }
 
+    def position_fingerprint(self) -> str:
+        """:func:`state_fingerprint` of the chain's position now (after a run: the position
+        its checkpoint holds)."""
+        return state_fingerprint(self._z)
+
     def _adaptation_state(self) -> dict[str, Any] | None:
         if (self._adapted_step_size is None and self._steps_per_sample_chosen is None
                 and not self._noise_log):

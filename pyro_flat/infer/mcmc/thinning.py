@@ -148,15 +148,9 @@ def network_weight_sites(model: object) -> set[str]:
     """
     if not isinstance(model, torch.nn.Module):
         return set()
-    from pyro.nn import PyroModule
+    from pyro_flat.nn import pyro_sample_sites
 
-    out = set()
-    for module_name, layer in model.named_modules():
-        if not isinstance(layer, PyroModule) or not _is_torch_layer(layer):
-            continue
-        prefix = layer.__dict__.get("_pyro_name", module_name)
-        out.update(f"{prefix}.{attr}" if prefix else attr for attr in layer._pyro_samples)
-    return out
+    return {name for layer, name in pyro_sample_sites(model) if _is_torch_layer(layer)}
 
 
 def _is_torch_layer(layer: torch.nn.Module) -> bool:

@@ -41,6 +41,7 @@ it here could not fail with its fix reverted; ``test_gradient_noise.py``'s exact
 that does (2.1 times too wide), and ``benchmarks/minibatch_noise.py`` reports SGLD's BNN runs.
 """
 
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -48,12 +49,10 @@ from pathlib import Path
 import arviz as az
 import numpy as np
 import pyro
-import pyro.distributions as dist
 import pytest
 import torch
 from harness import Z
 from pyro.infer import MCMC
-from pyro.nn import PyroModule, PyroSample
 
 from pyro_flat.diagnostics import to_arviz
 from pyro_flat.infer import SGHMC
@@ -66,29 +65,18 @@ DISCRETISATION = 0.2 / (1 - 0.2)
 NOISE_BIAS = 0.1 * 0.015
 
 
-class SmallBNN(PyroModule):
-    def __init__(self, hidden: int = 8):
-        super().__init__()
-        self.hidden = PyroModule[torch.nn.Linear](1, hidden)
-        self.hidden.weight = PyroSample(dist.Normal(0.0, 1.0).expand([hidden, 1]).to_event(2))
-        self.hidden.bias = PyroSample(dist.Normal(0.0, 1.0).expand([hidden]).to_event(1))
-        self.out = PyroModule[torch.nn.Linear](hidden, 1)
-        self.out.weight = PyroSample(dist.Normal(0.0, 1.0).expand([1, hidden]).to_event(2))
-        self.out.bias = PyroSample(dist.Normal(0.0, 1.0).expand([1]).to_event(1))
-
-    def forward(self, x, y=None):
-        mean = self.out(torch.tanh(self.hidden(x))).squeeze(-1)
-        sigma = pyro.sample("sigma", dist.HalfNormal(1.0))
-        with pyro.plate("data", x.shape[0]):
-            pyro.sample("obs", dist.Normal(mean, sigma), obs=y)
-        return mean
+def _benchmark():
+    """The benchmark whose NUTS reference this test reads: its model and data are the ones the
+    reference was computed on (one definition, not a copy that could drift from it)."""
+    path = Path(__file__).parents[3] / "benchmarks" / "minibatch_noise.py"
+    spec = importlib.util.spec_from_file_location("minibatch_noise", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def data():
-    g = torch.Generator().manual_seed(0)
-    x = torch.rand(160, 1, generator=g) * 4 - 2
-    y = torch.sin(2 * x).squeeze(-1) + 0.3 * torch.randn(160, generator=g)
-    return x, y
+BENCHMARK = _benchmark()
+SmallBNN, data = BENCHMARK.SmallBNN, BENCHMARK.small_data
 
 
 def run(kernel_class, batch):

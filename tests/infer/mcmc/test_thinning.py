@@ -134,12 +134,19 @@ def test_warmup_windows_grow_at_least_twofold():
         auto._trace.append(white[..., step])
     auto.window_end(1.0, 1.0, next_window_draws=75)
     assert auto.steps_per_sample == thinning.MIN_GROWTH * thinning.INITIAL_STEPS_PER_SAMPLE
-    slow = ar1(0.999, 400, 4).unsqueeze(1)  # tau ~ 2,000 in a window of 400 steps
+    # 64 chains of an AR(1) with tau = 1.97 / 0.03 = 66 in a window of 400 steps: about 6 tau,
+    # fewer than WINDOW_TAUS, so the estimate is a lower bound. By itself it would ask for
+    # ceil(tau / 5) = 14 steps per draw, and the next window, of 1,000 draws, spans 10 tau at
+    # any thinning: the growth rule alone decides
+    slow = ar1(0.97, 400, 64, seed=1).unsqueeze(1)
+    auto = thinning.AutoThinning([(0, 1)])
+    auto.steps_per_sample = 20
     for step in range(400):
         auto._trace.append(slow[..., step])
-    auto.window_end(1.0, 1.0, next_window_draws=75)
-    assert auto.steps_per_sample == thinning.MAX_GROWTH * 2 * thinning.INITIAL_STEPS_PER_SAMPLE
+    auto.window_end(1.0, 1.0, next_window_draws=1000)
     assert auto.window_taus < thinning.WINDOW_TAUS
+    assert auto.last_tau / thinning.DRAWS_PER_TAU < thinning.MIN_GROWTH * 20
+    assert auto.steps_per_sample == thinning.MAX_GROWTH * 20
 
 
 def test_thinning_defaults_to_auto_when_warmup_chooses_the_step():
