@@ -20,6 +20,10 @@ import torch.distributed as dist
 #: Backends this package is written for: gloo (CPU tensors) and NCCL (CUDA tensors).
 BACKENDS = ("gloo", "nccl")
 
+#: Seconds a collective of :func:`process_group`'s group waits for a partner before it fails
+#: (torch's own default is 1,800): the bound on how long a frozen rank holds the others.
+DEFAULT_TIMEOUT = 300.0
+
 
 def is_distributed() -> bool:
     """Whether a ``torch.distributed`` process group is initialised in this process."""
@@ -45,7 +49,8 @@ def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
 
 
 @contextmanager
-def process_group(backend: str = "gloo", *, timeout: float = 1800.0) -> Iterator[torch.device]:
+def process_group(backend: str = "gloo", *, timeout: float = DEFAULT_TIMEOUT
+                  ) -> Iterator[torch.device]:
     """Join the ``torchrun`` job for the body of a ``with`` block, and leave it at the end.
 
     Initialises the default process group from ``torchrun``'s environment variables unless one
@@ -60,7 +65,13 @@ def process_group(backend: str = "gloo", *, timeout: float = 1800.0) -> Iterator
     backend : {"gloo", "nccl"}
         ``"gloo"`` for CPU tensors, ``"nccl"`` for one GPU per rank.
     timeout : float
-        Seconds a collective may wait for the other ranks before it fails.
+        Seconds a collective may wait for the other ranks before it fails (default
+        :data:`DEFAULT_TIMEOUT`, 300). It bounds how long a rank that froze holds the others:
+        they stop within ``timeout`` plus a few seconds of roll call, with a
+        :class:`~pyro_flat.distributed.RankFailure` naming it (a rank that died is named at
+        once). Make it longer than the longest a rank may fall behind the others between two
+        exchanges (``check_every`` draws of chains across ranks, one SG step when
+        data-parallel).
 
     Examples
     --------

@@ -35,7 +35,7 @@ from pyro.infer import MCMC
 
 from pyro_flat import validation
 from pyro_flat.distributed import checkpoints
-from pyro_flat.distributed.faults import exchange_status, reported
+from pyro_flat.distributed.faults import collective, exchange_status, reported
 from pyro_flat.distributed.group import is_distributed, rank, world_size
 from pyro_flat.draw_store import part_name
 from pyro_flat.draw_writer import DrawWriter
@@ -349,7 +349,8 @@ class DistributedMCMC:
         steps = state["kernel"]["num_sg_steps"]
         if is_distributed() and self.world_size > 1:
             all_steps: list[Any] = [None] * self.world_size
-            dist.all_gather_object(all_steps, steps, group=self.group)
+            collective(lambda: dist.all_gather_object(all_steps, steps, group=self.group),
+                       self.group, "the check of the checkpoints' SG steps")
             if len(set(all_steps)) > 1:
                 raise ValueError(f"the per-rank checkpoints in {directory} were saved at "
                                  f"different points (SG steps by rank: {all_steps}); resume from "
@@ -389,7 +390,8 @@ def _gather_to_first(obj: Any, group: dist.ProcessGroup | None) -> list[Any] | N
     """``obj`` of every rank, in rank order, on the group's first rank (``None`` elsewhere)."""
     dst = 0 if group is None else dist.get_global_rank(group, 0)
     parts = [None] * world_size(group) if rank(group) == 0 else None
-    dist.gather_object(obj, parts, dst=dst, group=group)
+    collective(lambda: dist.gather_object(obj, parts, dst=dst, group=group), group,
+               "the gathering of the draws on rank 0")
     return parts
 
 

@@ -28,6 +28,26 @@ def torchrun(out: Path, *scenarios: str, nproc: int = 2, timeout: float = 120.0
                           cwd=Path(__file__).parents[2])
 
 
+def separate(out: Path, scenario: str, nproc: int = 2, timeout: float = 60.0
+             ) -> list[subprocess.Popen]:
+    """Start ``scenarios.py out scenario`` as ``nproc`` separate rank processes, with the
+    environment torchrun gives its workers but no agent that ends the job when one of them
+    stops: what the ranks that are left do is theirs alone. Each rank's output goes to
+    ``out/rank<r>.log``; ``timeout`` is the process group's."""
+    port = free_port()
+    ranks = []
+    for r in range(nproc):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+               "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(nproc),
+               "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "PYRO_FLAT_TEST_TIMEOUT": str(timeout)}
+        with open(out / f"rank{r}.log", "w") as log:
+            ranks.append(subprocess.Popen([sys.executable, str(SCENARIOS), str(out), scenario],
+                                          env=env, stdout=log, stderr=subprocess.STDOUT,
+                                          cwd=Path(__file__).parents[2]))
+    return ranks
+
+
 def _rank_main(rank: int, port: int, nproc: int, out: Path, scenarios: tuple[str, ...]) -> None:
     import torch
 

@@ -11,6 +11,7 @@ the same chains in one process and compare. The ``stream`` scenarios write draw 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import torch
 
 import pyro_flat
 from pyro_flat.distributed import DistributedMCMC, data_parallel, process_group, shard_rows
+from pyro_flat.distributed.group import DEFAULT_TIMEOUT
 from pyro_flat.infer import SASGLD, SGHMC, SGLD, EntropyMCMC
 
 NUM_DATA, BATCH = 101, 20  # shards of 50 and 51 points: uneven on purpose
@@ -162,9 +164,27 @@ def run_stream(phase: str, out: Path) -> None:
 
 def run_failure(kind: str, out: Path) -> None:
     """Rank 1 fails: its chain diverges (``diverge``), or its model raises in a data-parallel
-    step (``raise``)."""
+    step (``raise``). Or a rank stops without raising at its 6th draw (``die``: SIGKILL,
+    ``freeze``: SIGSTOP; ``-dp`` a data-parallel chain, ``die0`` rank 0 dies)."""
     rank = int(os.environ["RANK"])
-    if kind == "diverge":
+    if kind.startswith(("die", "freeze")):
+        victim = 0 if kind == "die0" else 1
+        sig = signal.SIGKILL if kind.startswith("die") else signal.SIGSTOP
+
+        def stop_at_sixth_draw(kernel, params, stage, i) -> None:
+            if rank == victim and stage == "Sample" and i == 5:
+                (out / f"stopped.rank{rank}").write_text(str(os.getpid()))
+                os.kill(os.getpid(), sig)
+
+        kernel = SGLD(regression, step_size=1e-3, subsample_size=BATCH)
+        if kind.endswith("-dp"):
+            kernel = data_parallel(kernel, NUM_DATA)
+            args = shard_rows(*data())
+        else:
+            args = data()
+        DistributedMCMC(kernel, num_samples=10_000, warmup_steps=0, seed=0,
+                        hook_fn=stop_at_sixth_draw).run(*args)
+    elif kind == "diverge":
         step = 1e3 if rank == 1 else 1e-3  # rank 1's chain blows up
         kernel = SGLD(regression, step_size=step, subsample_size=BATCH, max_nonfinite_steps=3)
         mcmc = DistributedMCMC(kernel, num_samples=10_000, warmup_steps=0, seed=0)
@@ -185,7 +205,8 @@ def run_failure(kind: str, out: Path) -> None:
 
 def main(out: Path, scenarios: list[str]) -> None:
     torch.set_default_dtype(torch.float64)
-    with process_group("gloo"):
+    timeout = float(os.environ.get("PYRO_FLAT_TEST_TIMEOUT", DEFAULT_TIMEOUT))
+    with process_group("gloo", timeout=timeout):
         for scenario in scenarios:
             kind, _, arg = scenario.partition(":")
             if kind == "chains":

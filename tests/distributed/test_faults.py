@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch.multiprocessing as mp
 
-from tests.distributed.launch import SCENARIOS, forked, torchrun
+from tests.distributed.launch import SCENARIOS, forked, separate, torchrun
 
 
 def _processes_running(marker: str) -> list[int]:
@@ -63,3 +63,56 @@ def test_a_rank_outside_the_world_is_an_error_not_a_hang(monkeypatch, env, match
     monkeypatch.setenv("MASTER_PORT", "1")
     with pytest.raises(ValueError, match=match), process_group("gloo", timeout=5):
         pass
+
+
+@pytest.mark.parametrize("kind", ["die", "freeze", "die-dp", "freeze-dp", "die0"])
+def test_a_dead_or_frozen_rank_stops_the_others_within_the_bound_naming_it(tmp_path: Path,
+                                                                           kind: str) -> None:
+    """A rank killed (SIGKILL) or stopped (SIGSTOP) at its 6th draw, with no torchrun agent to
+    end the job: the rank left raises RankFailure naming it within the bound the docs state,
+    ``timeout + ROLL_CALL_SECONDS`` after the stop (a dead rank: ROLL_CALL_SECONDS), plus 20 s
+    for a loaded test machine. Before, it stopped with gloo's "Connection reset by peer" (no
+    rank named) or waited the whole timeout (1,800 s by default)."""
+    from pyro_flat.distributed.faults import ROLL_CALL_SECONDS
+
+    timeout = 5.0
+    victim = 0 if kind == "die0" else 1
+    ranks = separate(tmp_path, f"fail:{kind}", timeout=timeout)
+    survivor = ranks[1 - victim]
+    try:
+        stopped = tmp_path / f"stopped.rank{victim}"
+        deadline = time.monotonic() + 120
+        while not stopped.exists():
+            assert time.monotonic() < deadline, (tmp_path / "rank0.log").read_text()[-2000:]
+            time.sleep(0.05)
+        t_stop = time.monotonic()
+        bound = (timeout if kind.startswith("freeze") else 0.0) + ROLL_CALL_SECONDS + 20.0
+        survivor.wait(timeout=bound)
+        took = time.monotonic() - t_stop
+    finally:
+        for process in ranks:
+            process.kill()
+            process.wait()
+    log = (tmp_path / f"rank{1 - victim}.log").read_text()
+    assert survivor.returncode != 0
+    assert f"RankFailure: rank {victim} of 2 failed: stopped responding" in log, log[-3000:]
+    assert "it died or froze" in log
+    assert took < bound
+
+
+def test_the_default_bound_on_a_frozen_rank_is_300_seconds(monkeypatch) -> None:
+    """process_group() without a timeout gives its collectives 300 s (torch's default, which
+    it passed on before, is 1,800 s): the bound on how long a frozen rank holds the others."""
+    import torch.distributed as dist
+
+    from pyro_flat.distributed import process_group
+
+    seen = {}
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(dist, "init_process_group",
+                        lambda backend, timeout: seen.update(timeout=timeout))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    with process_group("gloo"):
+        pass
+    assert seen["timeout"].total_seconds() == 300
