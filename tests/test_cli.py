@@ -640,3 +640,56 @@ def test_authors_protocol_runs_entropy_mcmc_in_cold_cosine_cycles(tmp_path):
     # the schedule: 2 lr / N at a cycle's start, lr / N half-way, 0 at its end
     assert cosine_step(0, 2.0, 40) == 2.0 and cosine_step(20, 2.0, 40) == pytest.approx(1.0)
     assert cosine_step(40, 2.0, 40) == 2.0 and cosine_step(39, 2.0, 40) < 0.01
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_killed_parallel_run_leaves_nothing_in_tmpdir(tmp_path):
+    """``kill -9`` of ``pyro-flat compare --jobs 2`` while its workers run: nothing is left in
+    $TMPDIR, and a next run leaves nothing either. Each killed run left an empty ``pymp-*``
+    folder (multiprocessing's socket folder for passing tensors' file descriptors)."""
+    import signal
+    import time
+
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmpdir), "PYTHONWARNINGS": "ignore"}
+    compare = [sys.executable, "-c", "from pyro_flat import cli; cli.main()", "compare",
+               "--dataset", "digits", "--methods", "sgld,sghmc", "--jobs", "2",
+               "--no-progress"]
+    killed = subprocess.Popen([*compare, "--budget", "200000", "--out", str(tmp_path / "a")],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_children(killed.pid)) < 2:  # the workers (and the resource tracker)
+            assert killed.poll() is None and time.monotonic() < deadline, killed.stderr.read()
+            time.sleep(0.2)
+        time.sleep(10)  # the jobs reach the workers, which import and start training
+        workers = _children(killed.pid)
+        assert killed.poll() is None, "the run ended before it was killed: raise --budget"
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.wait()
+        deadline = time.monotonic() + 30
+        while any(Path(f"/proc/{w}").exists() for w in workers):  # they end with the parent
+            assert time.monotonic() < deadline, "a worker outlived its killed parent"
+            time.sleep(0.2)
+    finally:
+        killed.kill()
+        killed.wait()
+    assert _left_in(tmpdir) == []
+    code = subprocess.run([*compare, "--budget", "20", "--out", str(tmp_path / "b")], env=env,
+                          capture_output=True).returncode
+    assert code == 0
+    assert _left_in(tmpdir) == []
+
+
+def _left_in(tmpdir: Path) -> list[str]:
+    """What is in ``tmpdir`` but torch's per-user compile cache (``torchinductor_<user>``,
+    made when ``torch._dynamo`` is imported, shared by every torch program and reused)."""
+    return sorted(p.name for p in tmpdir.iterdir() if not p.name.startswith("torchinductor_"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -126,10 +127,18 @@ def _init_worker(threads: int, parent: int, counter: Any) -> None:
     warm_up(threads)
 
 
-def _worker(job: Job, threads: int) -> Outcome:
-    """:func:`run_method` in a worker process (one per CPU core, ``--jobs``)."""
+def _worker(job: bytes, threads: int) -> bytes:
+    """:func:`run_method` in a worker process (one per CPU core, ``--jobs``), the job and its
+    outcome as pickled bytes.
+
+    Sent as they are, their tensors would go through torch's shared-memory hand-off, whose
+    file descriptors ``multiprocessing`` passes over a socket in a ``pymp-*`` folder of
+    ``$TMPDIR``: a run killed with ``SIGKILL`` leaves that folder behind (in the parent and in
+    every worker). Plain bytes take the pipe and leave nothing.
+    """
     torch.set_num_threads(threads)
-    return run_method(job.method, job.ctx, job.export)
+    task: Job = pickle.loads(job)
+    return pickle.dumps(run_method(task.method, task.ctx, task.export))
 
 
 def _summary(row: dict) -> str:
@@ -194,7 +203,7 @@ def _run_in_parallel(jobs: list[Job], workers: int, threads: int,
         with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=mp,
                                  initializer=_init_worker,
                                  initargs=(threads, os.getpid(), counter)) as pool:
-            futures = {pool.submit(_worker, job, threads): job for job in order}
+            futures = {pool.submit(_worker, pickle.dumps(job), threads): job for job in order}
             pending = set(futures)
             while pending:
                 done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
@@ -205,7 +214,7 @@ def _run_in_parallel(jobs: list[Job], workers: int, threads: int,
                     job = futures[future]
                     label = job.label
                     try:
-                        outcomes[label] = future.result()
+                        outcomes[label] = pickle.loads(future.result())
                     except Exception as err:  # the worker process died
                         metrics = task_metrics(job.ctx.task)[0]
                         outcomes[label] = (_failed_row(start, time.process_time(), err, metrics),
