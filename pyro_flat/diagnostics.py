@@ -282,6 +282,7 @@ def sample_stats(mcmc: MCMC, *, group_by_chain: bool = False) -> dict[str, torch
     {'lp': (50,), 'step_size': (50,), 'grad_norm': (50,), 'diverging': (50,)}
     """
     samples, diagnostics = _chains(mcmc)
+    _refuse_streamed_statistics(diagnostics)
     if not samples:
         raise ValueError("mcmc holds no samples: call mcmc.run(...) before sample_stats")
     num_draws = next(iter(samples.values())).shape[1]
@@ -528,6 +529,7 @@ def _sample_stats(
     """Per-draw statistics stacked to ``(chain, draw)``; empty if any chain lacks them."""
     if not diagnostics:
         return {}
+    _refuse_streamed_statistics(diagnostics)
     per_chain = []
     for diag in diagnostics:
         stats = diag.get("sample_stats") if isinstance(diag, Mapping) else None
@@ -550,6 +552,17 @@ def _sample_stats(
         stacked = np.stack(arrays)
         out[name] = stacked.astype(bool) if name == "diverging" else stacked
     return out
+
+
+def _refuse_streamed_statistics(diagnostics: Sequence[Any] | None) -> None:
+    """A run that streamed its draws with ``save_params=[]`` keeps its statistics on disk
+    only (:class:`~pyro_flat.DrawWriter` releases them): say where, rather than export none."""
+    for diag in diagnostics or ():
+        if isinstance(diag, Mapping) and diag.get("sample_stats_in"):
+            raise ValueError(
+                f"this run streamed its draws with save_params=[]: its per-draw statistics "
+                f"are in the draw store {diag['sample_stats_in']!r}, not in memory; open it "
+                "with pyro_flat.open_draws(path)")
 
 
 def _diverging_from_indices(

@@ -18,6 +18,9 @@ __all__ = ["DrawWriter"]
 
 #: Default size of the block of draws held in memory between two writes (bytes).
 BLOCK_BYTES = 2**24
+#: Most draws in a default block: a draw also costs its row index and, until written, its
+#: statistics in the kernel (about 0.1-0.2 kB together), which the byte budget does not see.
+MAX_BLOCK_DRAWS = 4096
 
 
 class DrawWriter:
@@ -31,6 +34,14 @@ class DrawWriter:
     ``MCMC(..., save_params=[...])``, which tells Pyro's driver which sites to keep in memory
     (``[]``: none), the draws need not fit in memory: the writer holds one block. Open the
     result with :func:`pyro_flat.open_draws` (the layout is in :mod:`pyro_flat.draw_store`).
+
+    Constant memory: with ``save_params=[]``, every statistic written (``stats=True``) and
+    ``thin=1``, the writer also *releases* the statistics it has written from the kernel's
+    memory; the kernel reads them back from the store for its end-of-run checks, and
+    :func:`pyro_flat.sample_stats` on the driver then says to open the store. A run under
+    :class:`pyro_flat.LeanMCMC` then grows by no more than a few bytes per draw
+    (``benchmarks/streaming_memory.py``); Pyro's own ``MCMC`` keeps an empty tensor per draw
+    in its loop (about 0.6 kB), which no hook can avoid.
 
     Chains: each chain of ``MCMC(num_chains=C)`` (run one after another or in worker
     processes) writes a part file of its own; a kernel with ``vectorized_chains=K`` writes its
@@ -62,7 +73,7 @@ class DrawWriter:
         ``thin``); the ``draw`` coordinate keeps the draw index, as ``to_arviz(thin=...)``.
     block_size : int, optional
         Draws held in memory between two writes, ``>= 1``; by default as many as fit in
-        16 MiB (at least one).
+        16 MiB, at least one and at most 4,096.
     resume : bool
         Append to the existing store at ``path``, continuing its draw index: for a run that
         continues a kernel from its checkpoint (``kernel.load_state_dict``), with
@@ -166,8 +177,8 @@ class DrawWriter:
             if i == 0 or self._chain is None or self._chain.pyro_chain != chain:
                 self.close()
                 self._chain = _ChainWriter(self, kernel, params, chain)
-                checks = getattr(kernel, "__dict__", {}).setdefault("_end_of_run_checks", [])
-                checks.append(self._run_ended)
+                if hasattr(kernel, "at_end_of_run"):  # a pyro_flat kernel
+                    kernel.at_end_of_run(self._run_ended)
             self._chain.add(kernel, params, i)
             if i == self.num_samples - 1:
                 self._chain.finish(kernel)
@@ -270,7 +281,8 @@ class _ChainWriter:
             self.first_draw = 0
         per_draw = sum(int(np.prod(s, dtype=np.int64)) * dtypes[n].itemsize
                        for n, s in shapes.items()) * self.num_rows
-        self.block_size = writer.block_size or max(1, BLOCK_BYTES // max(per_draw, 1))
+        self.block_size = writer.block_size or max(
+            1, min(MAX_BLOCK_DRAWS, BLOCK_BYTES // max(per_draw, 1)))
         self.num_samples = writer.num_samples
         # one slot more than a block: the last draw waits there for its statistics
         try:
@@ -285,6 +297,13 @@ class _ChainWriter:
                 "as fit in 16 MiB)") from error
         self.rows: list[int] = []  # the run's draw index of each buffered draw
         self.received = 0  # draws of this run the writer was given
+        # nothing of the run stays in memory but what the writer holds: the statistics it
+        # wrote can leave the kernel's memory too (read back from the part when needed)
+        self.releases = (self.recorder is not None and self.thin == 1
+                         and set(self.stat_names) == set(self.recorder.names)
+                         and getattr(kernel, "save_params", None) == [])
+        self.path, self.store = path, writer.path
+        self.start_position = self.part.num_draws  # this run's first draw in the part
 
     def _check_continues(self, kernel: Any, path: Path) -> None:
         """``resume=True``: the kernel must continue from the checkpoint of the run that wrote
@@ -340,15 +359,16 @@ class _ChainWriter:
         stats = {name: self._stat(name, rows) for name in self.stat_names}
         self.part.append(draws, stats, np.asarray(rows) + self.first_draw)
         self.part.flush()
+        if self.releases:
+            self.recorder.release(rows[-1] + 1, _StatisticsReader(self), str(self.store))
         left = len(self.rows) - done
         for buf in self.buffers.values():
             buf[:, :left] = buf[:, done:done + left]
         self.rows = self.rows[done:]
 
     def _stat(self, name: str, rows: list[int]) -> np.ndarray:
-        column = self.recorder.column(name)
         dtype = self.recorder.dtypes.get(name, torch.get_default_dtype())
-        values = torch.tensor([column[r] for r in rows], dtype=dtype).numpy()
+        values = torch.tensor([self.recorder.value(name, r) for r in rows], dtype=dtype).numpy()
         values = values.T if self.vectorized else values[None]
         return values.astype(np.int8) if values.dtype == np.bool_ else values
 
@@ -365,11 +385,8 @@ class _ChainWriter:
         attrs: dict[str, Any] = {"next_draw": self.first_draw + received}
         if isinstance(steps, int):
             attrs["num_sg_steps"] = [steps] * self.num_rows
-            z = getattr(kernel, "_z", None)
-            if isinstance(z, torch.Tensor):
-                from pyro_flat.infer.mcmc.checkpoint import state_fingerprint
-
-                attrs["state_fingerprint"] = state_fingerprint(z)
+        if hasattr(kernel, "position_fingerprint"):
+            attrs["state_fingerprint"] = kernel.position_fingerprint()
         return attrs
 
 
@@ -396,3 +413,30 @@ def _provenance(kernel: Any) -> dict[str, Any]:
 
     return {"inference_library": "pyro", "inference_library_version": pyro.__version__,
             "pyro_flat_kernel": type(kernel).__name__}
+
+
+class _StatisticsReader:
+    """The statistics a chain writer released from the kernel's memory, read back from its
+    part: ``reader(n, names)`` gives those of the run's first ``n`` draws, shaped as the
+    kernel's recorder holds them (``(n,)``, or ``(n, K)`` for vectorised chains)."""
+
+    def __init__(self, chain: _ChainWriter):
+        self.part, self.path = chain.part, chain.path
+        self.start, self.vectorized = chain.start_position, chain.vectorized
+
+    def __call__(self, n: int, names: Sequence[str]) -> dict[str, np.ndarray]:
+        import h5netcdf
+
+        stop = self.start + n
+        if self.part.file is not None:  # still being written
+            return self._read(self.part.file, stop, names)
+        with h5netcdf.File(self.path, "r") as file:
+            return self._read(file, stop, names)
+
+    def _read(self, file: Any, stop: int, names: Sequence[str]) -> dict[str, np.ndarray]:
+        group = file["sample_stats"]
+        out = {}
+        for name in names:
+            values = group[name][:, self.start:stop]
+            out[name] = values.T if self.vectorized else values[0]
+        return out

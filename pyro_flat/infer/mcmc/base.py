@@ -39,6 +39,8 @@ from pyro_flat.infer.mcmc.warmup import WarmupAdaptation, _as_scalar
 
 #: A draw whose gradient norm exceeds this multiple of the run's median raises a warning.
 BLOW_UP_FACTOR = 100.0
+#: The default ``stability_fraction``: the adapted step as a fraction of the stability limit.
+STABILITY_FRACTION = 0.2
 
 
 class _UserPotential:
@@ -200,7 +202,7 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         data_plate: str | None = None,
         max_nonfinite_steps: int = 100,
         preconditioner: str | None = None,
-        stability_fraction: float = 0.2,
+        stability_fraction: float = STABILITY_FRACTION,
         vectorized_chains: int | None = None,
     ):
         if (model is None) == (potential_fn is None):
@@ -241,12 +243,14 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         self.step_size = None if step_size is None else validation.positive("step_size", step_size)
         self.temperature = validation.nonnegative("temperature", temperature)
         self.subsample_size = subsample_size
+        self._adapt_requested = (
+            self.supports_adaptation and step_size is None and step_size_schedule is None
+        )
         #: Whether the thinning was left to its default (``"auto"`` when warmup chooses the
         #: step size, else 1; see ``_plan_thinning``).
         self._thinning_by_default = num_steps_per_sample is None
         if num_steps_per_sample is None:
-            adapts = self.supports_adaptation and step_size is None and step_size_schedule is None
-            num_steps_per_sample = "auto" if adapts else 1
+            num_steps_per_sample = "auto" if self._adapt_requested else 1
         #: Whether warmup chooses the SG steps per draw (``num_steps_per_sample="auto"``).
         self.auto_thinning = isinstance(num_steps_per_sample, str)
         if self.auto_thinning:
@@ -265,13 +269,10 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
             "max_nonfinite_steps", max_nonfinite_steps, 1
         )
         self.preconditioner = preconditioner
-        self._adapt_requested = (
-            self.supports_adaptation and step_size is None and step_size_schedule is None
-        )
         self.stability_fraction = validation.in_range(
             "stability_fraction", stability_fraction, 0.0, 1.0, closed="()"
         )
-        if stability_fraction != 0.2 and not self._adapt_requested:
+        if stability_fraction != STABILITY_FRACTION and not self._adapt_requested:
             warnings.warn(
                 f"{type(self).__name__}: stability_fraction={stability_fraction} is used only "
                 "when warmup chooses the step size; with a step_size or step_size_schedule "
@@ -284,6 +285,7 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         self._user_initial_params: dict[str, torch.Tensor] | None = None
         self._initial_params: dict[str, torch.Tensor] | None = None
         self._resume_state: dict[str, Any] | None = None
+        self._end_of_run_callbacks: list[Callable[[Any], None]] = []
         self.transforms = {} if model is None else None
         #: The gradient estimator the update moves with (:mod:`.estimators`).
         self.estimator = MinibatchGradient()
@@ -575,9 +577,18 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         """The run's per-draw statistics (``"sample_stats"``), the indices of its diverging
         draws (``"divergences"``), its SG step count, and what warmup adapted."""
         self._complete_last_draw()
-        stats = self.recorder.tensors()
-        divergences = [i for i, d in enumerate(self.recorder.column("diverging")) if d]
+        # a run whose statistics went to a draw store reads back only what it needs here
+        stats = self.recorder.tensors(["diverging"] if self.recorder.released else None)
+        diverging = stats.get("diverging", torch.zeros(0, dtype=torch.bool))
+        # a draw of vectorised chains diverges where any of its chains did
+        divergences = torch.nonzero(diverging.reshape(len(diverging), -1).any(-1)
+                                    ).flatten().tolist()
         out = {"divergences": divergences, "sample_stats": stats, "num_sg_steps": self._t}
+        if self.recorder.released:
+            # the statistics are in the draw store; holding them here would make the memory
+            # of a streamed run grow with its draws again
+            out["sample_stats"] = {}
+            out["sample_stats_in"] = self.recorder.released_to
         if self._adaptation_log:
             out["step_size_adaptation"] = [dict(r) for r in self._adaptation_log]
         if self._noise_log:
@@ -604,27 +615,36 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         if self.state is None or getattr(self, "_rng_at_end", None) is not None:
             return  # not run, or this run ended already
         self._complete_last_draw()
-        for check in self.__dict__.pop("_end_of_run_checks", []):  # e.g. a DrawWriter's
-            check(self)
-        self._warn_if_hot()
-        self._warn_if_thinned_too_little()
-        self._rng_at_end = (self._t, pyro.util.get_rng_state())
-        if self.chain_streams is not None:
-            self._chain_rng_at_end = (self._t, self.chain_streams.get_state())
-        stats = self.recorder.tensors()
-        if "diverging" not in stats or not len(stats["diverging"]):
-            return
-        num_diverging = int(stats["diverging"].sum())
-        if num_diverging:
-            warnings.warn(
-                f"{type(self).__name__}: {num_diverging} of {len(stats['diverging'])} draws "
-                "are marked diverging (a non-finite potential or gradient on the way to the "
-                "draw; that step was skipped). See sample_stats['diverging'] and try a smaller "
-                "step_size",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        self._warn_if_blown_up(stats["grad_norm"])
+        callbacks, self._end_of_run_callbacks = self._end_of_run_callbacks, []
+        try:
+            self._warn_if_hot()
+            self._warn_if_thinned_too_little()
+            self._rng_at_end = (self._t, pyro.util.get_rng_state())
+            if self.chain_streams is not None:
+                self._chain_rng_at_end = (self._t, self.chain_streams.get_state())
+            stats = self.recorder.tensors(["diverging", "grad_norm"])
+            if "diverging" not in stats or not len(stats["diverging"]):
+                return
+            num_diverging = int(stats["diverging"].sum())
+            if num_diverging:
+                warnings.warn(
+                    f"{type(self).__name__}: {num_diverging} of {len(stats['diverging'])} draws "
+                    "are marked diverging (a non-finite potential or gradient on the way to the "
+                    "draw; that step was skipped). See sample_stats['diverging'] and try a smaller "
+                    "step_size",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            self._warn_if_blown_up(stats["grad_norm"])
+        finally:  # last, so that a callback that raises leaves the run's end recorded
+            for callback in callbacks:
+                callback(self)
+
+    def at_end_of_run(self, callback: Callable[[Any], None]) -> None:
+        """Call ``callback(kernel)`` once at the end of the current ``MCMC.run`` (in
+        :meth:`cleanup`, after the last draw's statistics are complete), e.g. for
+        :class:`pyro_flat.DrawWriter` to check that the run drew the draws it was told of."""
+        self._end_of_run_callbacks.append(callback)
 
     def _warn_if_blown_up(self, grad_norm: torch.Tensor) -> None:
         """A chain can explode and stay finite; say so when a draw's gradient norm jumps far

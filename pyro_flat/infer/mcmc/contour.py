@@ -653,7 +653,8 @@ class ContourSGLD(SGMCMCKernel):
         out["energy_edges"] = self.energy_edges if self.bins_fixed else None
         out["num_sa_updates"] = self.state.num_sa_updates
         out["num_rejected"] = self.num_rejected
-        out.update(self._weights_ess(out["sample_stats"]))
+        out.update(self._weights_ess(out["sample_stats"]
+                                     or self.recorder.tensors(["log_weight"])))
         return out
 
     def _weights_ess(self, stats: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -677,7 +678,7 @@ class ContourSGLD(SGMCMCKernel):
         super().cleanup()
         if ended or self.zeta == 0.0:
             return
-        stats = self.recorder.tensors()
+        stats = self.recorder.tensors(["log_weight"])
         if "log_weight" not in stats or len(stats["log_weight"]) == 0:
             return
         n = int(stats["log_weight"].shape[0])
