@@ -76,7 +76,8 @@ class BNN(PyroModule):
     net : torch.nn.Module
         The network. A plain module is made Bayesian in place by
         :func:`pyro_flat.nn.make_bayesian` (with ``prior_scale`` and ``**prior_options``); a
-        module that is already a ``PyroModule`` is used as it is.
+        module that is already a ``PyroModule`` is used as it is, with its own priors (then
+        ``prior_scale`` and ``**prior_options`` are refused, not ignored).
     likelihood : pyro_flat.likelihoods.Likelihood
         E.g. ``Categorical()``, ``Bernoulli()``, ``HomoskedasticGaussian()`` (learned noise),
         ``HeteroskedasticGaussian()``.
@@ -115,12 +116,20 @@ class BNN(PyroModule):
         if not isinstance(likelihood, Likelihood):
             raise ValueError(f"likelihood must be a pyro_flat.likelihoods.Likelihood (e.g. "
                              f"Categorical() or HomoskedasticGaussian()), got {likelihood!r}")
+        if not isinstance(net, torch.nn.Module):
+            raise ValueError(f"net must be a torch.nn.Module, got {type(net).__name__}")
+        subsample_size = None if subsample_size is None else validation.integer_at_least(
+            "subsample_size", subsample_size, 1)
+        if isinstance(net, PyroModule) and (prior_scale != 1.0 or prior_options):
+            given = ["prior_scale"] * (prior_scale != 1.0) + sorted(prior_options)
+            raise ValueError(f"{', '.join(given)} apply to a plain torch network, which BNN "
+                             "makes Bayesian; net is a PyroModule already, with priors of its "
+                             "own: set them there (or pass the plain network)")
         super().__init__()
         self.net = net if isinstance(net, PyroModule) else make_bayesian(
             net, prior_scale, **prior_options)
         self.likelihood = likelihood
-        self.subsample_size = None if subsample_size is None else validation.integer_at_least(
-            "subsample_size", subsample_size, 1)
+        self.subsample_size = subsample_size
 
     def _latents(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """The likelihood's latents, in the dtype of ``x`` if its ``latents`` takes one."""

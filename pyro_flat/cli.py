@@ -182,6 +182,8 @@ __all__ = [
     "build_cnn", "build_mlp", "format_table", "main", "make_plan",
 ]
 
+#: The data sets that torchvision reads from files (and downloads with ``--download``).
+DOWNLOADED = ("mnist", "fashion_mnist", "cifar10")
 #: Data sets ``compare`` accepts: classification sets generated or shipped locally (the first
 #: three) or read by torchvision from ``$PYRO_FLAT_DATA`` (fetched once with ``--download``),
 #: and the regression sets (generated, or shipped by scikit-learn).
@@ -492,6 +494,10 @@ def compare_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     if args.model not in MODELS_FOR_TASK[task]:
         parser.error(f"argument --model: {args.model!r} does not fit the {task} data set "
                      f"{args.dataset!r}; choose from {', '.join(MODELS_FOR_TASK[task])}")
+    if args.download and args.dataset not in DOWNLOADED:
+        parser.error(f"argument --download: only {', '.join(DOWNLOADED)} are downloaded; "
+                     f"{args.dataset!r} is generated or shipped with a package (leave "
+                     "--download out)")
     opts = Options(
         methods=_methods(parser, methods_text),
         dataset=args.dataset,

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from pyro_flat import validation
+
 __all__ = ["Part", "open_draws", "part_name"]
 
 #: Version of the layout above, in each part's root attribute ``pyro_flat_draws_format``.
@@ -34,6 +36,9 @@ FORMAT_VERSION = 1
 GROUPS = ("posterior", "sample_stats")
 #: Largest HDF5 chunk a variable is split into along ``draw`` (bytes).
 CHUNK_BYTES = 2**20
+#: Most draws in a chunk: the HDF5 library keeps an index entry per chunk in memory, about
+#: half a kilobyte each, which chunks of 1,024 draws made grow by 4 bytes per draw and chain.
+CHUNK_DRAWS = 16_384
 
 
 def part_name(first_chain: int) -> str:
@@ -89,12 +94,12 @@ class Part:
                 for name, (shape, _) in variables.items():  # ArviZ's default coordinates
                     for dim, size in zip(_site_dims(name, shape), shape, strict=True):
                         group.create_variable(dim, (dim,), "int64")[:] = np.arange(size)
-                group.create_variable("draw", ("draw",), "int64", chunks=(1024,))
+                group.create_variable("draw", ("draw",), "int64", chunks=(CHUNK_DRAWS,))
                 for name, (shape, dtype) in variables.items():
                     dtype = np.dtype(dtype)
                     stored = np.int8 if dtype == np.bool_ else dtype
                     per_draw = max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
-                    chunk = (1, max(1, min(1024, CHUNK_BYTES // per_draw)), *shape)
+                    chunk = (1, max(1, min(CHUNK_DRAWS, CHUNK_BYTES // per_draw)), *shape)
                     var = group.create_variable(name, ("chain", "draw", *_site_dims(name, shape)),
                                                 stored, chunks=chunk)
                     if dtype == np.bool_:
@@ -240,7 +245,7 @@ def open_draws(path: str | Path) -> Any:
     """
     import xarray as xr
 
-    root = Path(path)
+    root = validation.directory_path("path", path)
     files = sorted(root.glob("part-*.nc"))
     if not files:
         raise ValueError(f"path {str(root)!r} holds no draws (no part-*.nc files): write them "

@@ -134,27 +134,19 @@ class DrawWriter:
         chain_offset: int | None = None,
         hook_fn: Callable[[Any, dict, str, int], Any] | None = None,
     ):
-        if not isinstance(path, (str, Path)) or not str(path):
-            raise ValueError(f"path must be a directory path (str or pathlib.Path), got {path!r}")
-        self.path = Path(path)
+        self.path = validation.directory_path("path", path)
         self.num_samples = validation.integer_at_least("num_samples", num_samples, 1)
-        if isinstance(sites, str):
-            raise ValueError(f"sites must be a list of site names, got the string {sites!r}")
-        self.sites = None if sites is None else list(sites)
-        if isinstance(stats, str):
-            raise ValueError(f"stats must be True, False or a list of statistic names, got the "
-                             f"string {stats!r}")
-        self.stats = stats if isinstance(stats, bool) else list(stats)
+        self.sites = None if sites is None else validation.names("sites", sites)
+        self.stats = stats if isinstance(stats, bool) else validation.names(
+            "stats", stats, "statistic names (or True or False)")
         self.thin = validation.integer_at_least("thin", thin, 1)
         self.block_size = None if block_size is None else validation.integer_at_least(
             "block_size", block_size, 1)
-        self.resume = bool(resume)
+        self.resume = validation.flag("resume", resume)
         shared = chain_offset is not None
         self.chain_offset = 0 if not shared else validation.integer_at_least(
             "chain_offset", chain_offset, 0)
-        if hook_fn is not None and not callable(hook_fn):
-            raise ValueError(f"hook_fn must be callable as hook_fn(kernel, params, stage, i), "
-                             f"got {hook_fn!r}")
+        validation.optional_callable("hook_fn", hook_fn, "hook_fn(kernel, params, stage, i)")
         self.hook_fn = hook_fn
         if self.resume:
             if not self.path.is_dir() or not any(self.path.glob("part-*.nc")):
@@ -374,8 +366,8 @@ class _ChainWriter:
 
     def finish(self, kernel: Any) -> None:
         """After the run's last draw: complete its statistics, write everything, close."""
-        if self.recorder is not None and self.recorder.pending:
-            kernel.diagnostics()  # completes the last draw as MCMC will, random stream intact
+        if self.recorder is not None:
+            kernel.complete_last_draw()  # as MCMC's diagnostics() will, random stream intact
         self.flush()
         self.part.close(self.end_attrs(kernel, self.num_samples), complete=True)
 

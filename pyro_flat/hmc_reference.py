@@ -564,6 +564,15 @@ def reference_predictive(
     missing = sorted(set(sites) - set(samples) - {obs_site})
     if missing:
         raise ValueError(f"samples has no draws of the model's latent sites {missing}")
+    for name, value in samples.items():
+        if name == obs_site or name not in sites:  # e.g. EntropyMCMC's "<site>__guide"
+            continue
+        shape = tuple(sites[name]["value"].shape)
+        if tuple(value.shape[1:]) != shape:
+            raise ValueError(
+                f"samples[{name!r}] has shape {tuple(value.shape)}, but the site's draws "
+                f"must be (num_draws, *site_shape) = {(num_draws, *shape)}: a draw of another "
+                "shape would be broadcast against the model")
     fn = sites[obs_site]["fn"]
     if kind == "auto":
         base = _unwrap(fn)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Iterator
 from typing import Any
 
 import pyro
@@ -50,7 +52,7 @@ class LeanMCMC(MCMC):
     """
 
     def __init__(self, kernel: Any, num_samples: int, *args: Any, **kwargs: Any):
-        validation.integer_at_least("num_samples", num_samples, 1)
+        _check_arguments(kernel, num_samples, *args, **kwargs)
         super().__init__(kernel, num_samples, *args, **kwargs)
 
     @poutine.block
@@ -65,7 +67,7 @@ class LeanMCMC(MCMC):
             self.disable_validation is not None,
         ):
             args = [arg.detach() if torch.is_tensor(arg) else arg for arg in args]
-            for x, chain_id in self.sampler.run(*args, **kwargs):
+            for x, chain_id in _naming_unknown_sites(self, self.sampler.run(*args, **kwargs)):
                 n = received[chain_id]
                 if n == 0:
                     z_structure = x
@@ -94,3 +96,31 @@ class LeanMCMC(MCMC):
                 z_acc[name] = self.transforms[name].inv(z)
         self._samples = z_acc
         self.sampler.terminate(True)
+
+
+def _check_arguments(kernel: Any, num_samples: int, *args: Any, **kwargs: Any) -> None:
+    """The checks :class:`pyro.infer.MCMC` leaves to the run (or to nobody)."""
+    bound = inspect.signature(MCMC.__init__).bind(None, kernel, num_samples, *args, **kwargs)
+    given = bound.arguments
+    validation.mcmc_kernel("kernel", kernel)
+    validation.integer_at_least("num_samples", num_samples, 1)
+    if given.get("warmup_steps") is not None:
+        validation.integer_at_least("warmup_steps", given["warmup_steps"], 0)
+    validation.integer_at_least("num_chains", given.get("num_chains", 1), 1)
+    validation.optional_callable("hook_fn", given.get("hook_fn"),
+                                 "hook_fn(kernel, params, stage, i)")
+    if given.get("save_params") is not None:
+        validation.names("save_params", given["save_params"])
+
+
+def _naming_unknown_sites(mcmc: LeanMCMC, draws: Iterator) -> Iterator:
+    """Pyro's sampler raises a bare ``KeyError`` for a ``save_params`` name that is no site."""
+    try:
+        yield from draws
+    except KeyError as error:
+        name = error.args[0] if error.args else None
+        if name not in (getattr(mcmc.kernel, "save_params", None) or []):
+            raise
+        sites = sorted(getattr(mcmc.kernel, "initial_params", None) or {})
+        raise ValueError(f"save_params names {name!r}, which is not a latent site of the model "
+                         f"(its sites: {sites})") from None

@@ -39,12 +39,17 @@ import torch.distributed as dist
 
 from pyro_flat import validation
 from pyro_flat.distributed.faults import describe, exchange_status
-from pyro_flat.distributed.group import rank, world_size
+from pyro_flat.distributed.group import check_group, rank, world_size
 
 
 def shard_bounds(num_data: int, rank: int, world_size: int) -> tuple[int, int]:
     """``(start, stop)``: the contiguous rows of ``num_data`` that rank ``rank`` of
     ``world_size`` holds, ``N r // W`` to ``N (r + 1) // W``."""
+    validation.integer_at_least("num_data", num_data, 0)
+    validation.integer_at_least("world_size", world_size, 1)
+    if validation.integer_at_least("rank", rank, 0) >= world_size:
+        raise ValueError(f"rank must be an integer in [0, world_size - 1] = [0, "
+                         f"{world_size - 1}], got {rank}")
     return num_data * rank // world_size, num_data * (rank + 1) // world_size
 
 
@@ -60,6 +65,10 @@ def shard_rows(*tensors: torch.Tensor, group: dist.ProcessGroup | None = None
     >>> shard_rows(x, y)[1]  # a job of one rank holds every row
     tensor([0., 1., 2., 3., 4.])
     """
+    for i, t in enumerate(tensors):
+        if not torch.is_tensor(t) or t.dim() == 0:
+            raise ValueError(f"shard_rows needs tensors of one or more dimensions (rows first); "
+                             f"argument {i} is {t!r}")
     sizes = {t.shape[0] for t in tensors}
     if len(sizes) != 1:
         raise ValueError(f"shard_rows needs tensors with one leading size N, got sizes "
@@ -220,6 +229,8 @@ def data_parallel(kernel: Any, num_data: int, *, group: dist.ProcessGroup | None
 
     if not isinstance(kernel, SGMCMCKernel):
         raise TypeError(f"data_parallel needs a pyro_flat kernel, got {type(kernel).__name__}")
+    validation.integer_at_least("num_data", num_data, 1)
+    check_group(group)
     if kernel.model is None:
         raise ValueError("data_parallel needs a kernel built from a model (a potential_fn "
                          "cannot be split by data points)")

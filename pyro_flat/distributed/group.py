@@ -30,13 +30,23 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def check_group(group: object) -> dist.ProcessGroup | None:
+    """Return ``group`` if it is ``None`` (the default group) or a process group."""
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise ValueError("group must be a torch.distributed.ProcessGroup (from "
+                         f"dist.new_group) or None for the default group, got {group!r}")
+    return group
+
+
 def rank(group: dist.ProcessGroup | None = None) -> int:
     """This process's rank in ``group`` (0 without a process group)."""
+    check_group(group)
     return dist.get_rank(group) if is_distributed() else 0
 
 
 def world_size(group: dist.ProcessGroup | None = None) -> int:
     """The number of ranks in ``group`` (1 without a process group)."""
+    check_group(group)
     return dist.get_world_size(group) if is_distributed() else 1
 
 

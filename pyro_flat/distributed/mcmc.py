@@ -36,7 +36,7 @@ from pyro.infer import MCMC
 from pyro_flat import validation
 from pyro_flat.distributed import checkpoints
 from pyro_flat.distributed.faults import collective, exchange_status, reported
-from pyro_flat.distributed.group import is_distributed, rank, world_size
+from pyro_flat.distributed.group import check_group, is_distributed, rank, world_size
 from pyro_flat.draw_store import part_name
 from pyro_flat.draw_writer import DrawWriter
 
@@ -161,30 +161,28 @@ class DistributedMCMC:
         save_params: Sequence[str] | None = None,
         disable_progbar: bool | None = None,
     ):
-        self.kernel = kernel
+        self.kernel = validation.mcmc_kernel("kernel", kernel)
         self.num_samples = validation.integer_at_least("num_samples", num_samples, 1)
         self.warmup_steps = None if warmup_steps is None else validation.integer_at_least(
             "warmup_steps", warmup_steps, 0)
         self.seed = validation.integer_at_least("seed", seed, 0)
-        self.group = group
+        self.group = check_group(group)
         self.check_every = validation.integer_at_least("check_every", check_every, 1)
-        self.hook_fn = hook_fn
+        self.hook_fn = validation.optional_callable("hook_fn", hook_fn,
+                                                    "hook_fn(kernel, params, stage, i)")
         self.rank, self.world_size = rank(group), world_size(group)
-        self.disable_progbar = self.rank != 0 if disable_progbar is None else disable_progbar
+        self.disable_progbar = self.rank != 0 if disable_progbar is None else validation.flag(
+            "disable_progbar", disable_progbar)
         self.data_parallel = getattr(kernel, "data_shard", None) is not None
         self.chains_per_rank = 1 if self.data_parallel else (
             getattr(kernel, "vectorized_chains", None) or 1)
-        if draws_path is not None and not isinstance(draws_path, str | os.PathLike):
-            raise ValueError(f"draws_path must be a directory path (str or os.PathLike), got "
-                             f"{draws_path!r}")
-        self.draws_path = None if draws_path is None else Path(draws_path)
+        self.draws_path = None if draws_path is None else validation.directory_path(
+            "draws_path", draws_path)
         self.draw_options = _draw_options(draw_options, self.draws_path)
-        if isinstance(save_params, str):
-            raise ValueError(f"save_params must be a list of site names, got the string "
-                             f"{save_params!r}")
         if save_params is None and self.draws_path is not None:
             save_params = []
-        self.save_params = None if save_params is None else list(save_params)
+        self.save_params = None if save_params is None else validation.names(
+            "save_params", save_params)
         self.local_mcmc: MCMC | None = None
         self._writer: DrawWriter | None = None
         self._samples: dict[str, torch.Tensor] | None = None

@@ -17,7 +17,7 @@ import inspect
 import math
 import warnings
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyro.util
@@ -41,6 +41,15 @@ from pyro_flat.infer.mcmc.warmup import WarmupAdaptation, _as_scalar
 BLOW_UP_FACTOR = 100.0
 #: The default ``stability_fraction``: the adapted step as a fraction of the stability limit.
 STABILITY_FRACTION = 0.2
+
+
+def _check_initial_params(params: Any) -> Any:
+    """``initial_params`` must map site names to values (tensors or what torch makes one of)."""
+    if params is not None and not (isinstance(params, Mapping)
+                                   and all(isinstance(k, str) for k in params)):
+        raise ValueError("initial_params must be a dict of site name -> initial value (in the "
+                         f"unconstrained space), got {params!r}")
+    return params
 
 
 class _UserPotential:
@@ -281,7 +290,7 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
             validation.integer_at_least("vectorized_chains", vectorized_chains, 1))
         self.metric: DiagonalMetric | None = None
         self._adapted_step_size: float | None = None
-        self._kernel_initial_params = initial_params
+        self._kernel_initial_params = _check_initial_params(initial_params)
         self._user_initial_params: dict[str, torch.Tensor] | None = None
         self._initial_params: dict[str, torch.Tensor] | None = None
         self._resume_state: dict[str, Any] | None = None
@@ -337,7 +346,7 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
 
     @initial_params.setter
     def initial_params(self, params: dict[str, torch.Tensor]) -> None:
-        self._user_initial_params = params
+        self._user_initial_params = _check_initial_params(params)
 
     @property
     def layout(self) -> FlatLayout:
@@ -576,7 +585,7 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
     def diagnostics(self) -> dict[str, Any]:
         """The run's per-draw statistics (``"sample_stats"``), the indices of its diverging
         draws (``"divergences"``), its SG step count, and what warmup adapted."""
-        self._complete_last_draw()
+        self.complete_last_draw()
         # a run whose statistics went to a draw store reads back only what it needs here
         stats = self.recorder.tensors(["diverging"] if self.recorder.released else None)
         diverging = stats.get("diverging", torch.zeros(0, dtype=torch.bool))
@@ -614,7 +623,7 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         super().cleanup()
         if self.state is None or getattr(self, "_rng_at_end", None) is not None:
             return  # not run, or this run ended already
-        self._complete_last_draw()
+        self.complete_last_draw()
         callbacks, self._end_of_run_callbacks = self._end_of_run_callbacks, []
         try:
             self._warn_if_hot()
@@ -840,9 +849,10 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         at_draw.update(self.statistics_at_draw(u))
         self.recorder.close_draw(at_draw)
 
-    def _complete_last_draw(self) -> None:
-        """Complete the run's last draw, which no SG step follows; the random stream is
-        restored (peeking at the next minibatch may draw an epoch's permutation)."""
+    def complete_last_draw(self) -> None:
+        """Complete the statistics of the run's last draw, which no SG step follows (they are
+        evaluated at the draw); the random stream is restored (peeking at the next minibatch
+        may draw an epoch's permutation). ``diagnostics()`` and the end of the run call it."""
         if not self.recorder.pending:
             return
         rng = pyro.util.get_rng_state()

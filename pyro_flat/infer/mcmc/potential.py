@@ -19,6 +19,7 @@ The other Normal sites are summed in closed form as the model runs (:mod:`.norma
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +40,11 @@ from pyro_flat.infer.mcmc.normal import normal_log_prob_sum
 from pyro_flat.observed_shapes import check_observed_site
 from pyro_flat.sites import latent_sites
 from pyro_flat.subsample import InjectIndices
+
+#: A model observed on this many points or more, run full batch, is told what a step costs.
+FULL_BATCH_HINT_POINTS = 10_000
+#: The minibatch the full-batch hint compares with.
+HINT_BATCH = 128
 
 
 @dataclass(frozen=True)
@@ -258,6 +264,25 @@ def _observed_plates(trace: poutine.Trace) -> tuple[list[str], dict[str, Any]]:
     return [s["name"] for s in observed], common or {}
 
 
+def _hint_full_batch_cost(plates: dict[str, Any]) -> None:
+    """Warn when a model observed on :data:`FULL_BATCH_HINT_POINTS` points or more runs full
+    batch: every SG step then evaluates all of them, which the user may not have meant."""
+    if not plates:
+        return
+    name, frame = max(plates.items(), key=lambda item: item[1].full_size)
+    n = frame.full_size
+    if n < FULL_BATCH_HINT_POINTS:
+        return
+    warnings.warn(
+        f"every SG step evaluates the model on all {n:,} points of plate {name!r} (full "
+        f"batch: no subsample_size), about {n / HINT_BATCH:,.0f} times the cost of a step on a "
+        f"minibatch of {HINT_BATCH}. Give the kernel subsample_size=B (or the plate "
+        "subsample_size=B) for minibatch steps; keep full batch if you mean it",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
 def trace_model(
     model: Callable,
     model_args: tuple,
@@ -334,6 +359,8 @@ def trace_model(
             name = _choose_plate(subsampled or common, data_plate, "the model's subsampling")
             frame = common[name]
             plate = DataPlate(name, frame.full_size, frame.size)
+        else:
+            _hint_full_batch_cost(common)
 
     shapes, transforms, init = {}, {}, {}
     for name, site in latent_sites(trace).items():

@@ -23,6 +23,7 @@ from pyro.infer import Trace_ELBO
 from pyro.infer.util import torch_item
 from pyro.util import warn_if_nan
 
+from pyro_flat import validation
 from pyro_flat.infer.mcmc.potential import UnknownLatentSite, _LogJoint
 from pyro_flat.infer.svi.lean_guides import GuideDraw, LeanGuide, lean_guide
 
@@ -100,6 +101,7 @@ class LeanELBO(Trace_ELBO):
     """
 
     def __init__(self, **kwargs: Any):
+        validation.integer_at_least("num_particles", kwargs.get("num_particles", 1), 1)
         super().__init__(**kwargs)
         self._lean_for: tuple[Any, LeanGuide | str] | None = None  # (guide, its drawer)
         self._warned: set[str] = set()
