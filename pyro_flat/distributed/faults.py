@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from pyro_flat.distributed.group import collective_device, rank, world_size
 
-T = TypeVar("T")
+_Result = TypeVar("_Result")
 
 #: Seconds the ranks left after a collective failed wait for each other's answer in the roll
 #: call that names the rank that is gone.
@@ -133,8 +133,8 @@ def reported(group: dist.ProcessGroup | None = None,
         raise  # not reached: exchange_status raised RankFailure
 
 
-def collective(call: Callable[[], T], group: dist.ProcessGroup | None = None,
-               what: str = "a collective") -> T:
+def collective(call: Callable[[], _Result], group: dist.ProcessGroup | None = None,
+               what: str = "a collective") -> _Result:
     """Run the collective ``call()``; if it fails because a partner is gone, raise
     :class:`RankFailure` naming the ranks that no longer answer.
 
