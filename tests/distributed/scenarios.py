@@ -165,7 +165,8 @@ def run_stream(phase: str, out: Path) -> None:
 def run_failure(kind: str, out: Path) -> None:
     """Rank 1 fails: its chain diverges (``diverge``), or its model raises in a data-parallel
     step (``raise``). Or a rank stops without raising at its 6th draw (``die``: SIGKILL,
-    ``freeze``: SIGSTOP; ``-dp`` a data-parallel chain, ``die0`` rank 0 dies)."""
+    ``freeze``: SIGSTOP; ``-dp`` a data-parallel chain, ``die0`` rank 0 dies, ``die-stream``
+    rank 1 dies while every rank streams its draws to ``out/draws`` in blocks of 2)."""
     rank = int(os.environ["RANK"])
     if kind.startswith(("die", "freeze")):
         victim = 0 if kind == "die0" else 1
@@ -182,8 +183,10 @@ def run_failure(kind: str, out: Path) -> None:
             args = shard_rows(*data())
         else:
             args = data()
+        streaming = ({"draws_path": out / "draws", "draw_options": {"block_size": 2}}
+                     if kind == "die-stream" else {})
         DistributedMCMC(kernel, num_samples=10_000, warmup_steps=0, seed=0,
-                        hook_fn=stop_at_sixth_draw).run(*args)
+                        hook_fn=stop_at_sixth_draw, **streaming).run(*args)
     elif kind == "diverge":
         step = 1e3 if rank == 1 else 1e-3  # rank 1's chain blows up
         kernel = SGLD(regression, step_size=step, subsample_size=BATCH, max_nonfinite_steps=3)
