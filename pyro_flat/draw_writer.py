@@ -194,10 +194,16 @@ class DrawWriter:
             f"{str(self.path)!r} (the part is marked unfinished)")
 
     def close(self) -> None:
-        """Close a part left open by a run that stopped early (its draws written so far stay);
-        a run that reaches ``num_samples`` closes its parts itself."""
+        """Close a part left open by a run that stopped early (an exception, ``Ctrl-C``),
+        after writing the buffered draws whose statistics are complete: every draw but the
+        one that waits for its statistics stays. A run that reaches ``num_samples`` closes its
+        parts itself."""
         if self._chain is not None:
-            self._chain.part.close()
+            chain, self._chain = self._chain, None
+            try:
+                chain.flush()
+            finally:
+                chain.part.close()
             self._chain = None
 
     def __getstate__(self) -> dict[str, Any]:

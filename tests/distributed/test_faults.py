@@ -123,8 +123,11 @@ def test_a_rank_killed_while_streaming_leaves_a_store_that_opens_with_its_draws(
     """Both ranks stream their chains (blocks of 2 draws); rank 1 is killed (SIGKILL) at its
     6th draw; rank 0 stops at the exchange that follows its own 6th draw, with RankFailure.
     The store opens, and each rank's part holds a bitwise prefix of that rank's chain as a
-    single process runs it (seed + rank), missing at most the block in progress: at least its
-    first 4 of 6 draws (two whole blocks were written before the kill)."""
+    single process runs it (seed + rank), missing at most the block in progress: at least 4
+    of 6 draws (two whole blocks were written before the kill; ``open_draws`` cuts the chains
+    to the shortest part). Rank 0, which closes its part on the way out, keeps every draw but
+    the 6th, whose statistics wait for a step it did not take."""
+    import shutil
     import warnings
 
     import numpy as np
@@ -147,6 +150,11 @@ def test_a_rank_killed_while_streaming_leaves_a_store_that_opens_with_its_draws(
         warnings.simplefilter("ignore")  # the parts are marked unfinished: a warning says so
         posterior = pyro_flat.open_draws(tmp_path / "draws").posterior
     assert posterior.sizes["chain"] == 2
+    (tmp_path / "rank0").mkdir()  # rank 0's part alone
+    shutil.copy(tmp_path / "draws" / "part-00000.nc", tmp_path / "rank0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert pyro_flat.open_draws(tmp_path / "rank0").posterior.sizes["draw"] == 5
     for r in range(2):
         pyro.set_rng_seed(r)
         mcmc = MCMC(SGLD(regression, step_size=1e-3, subsample_size=BATCH), num_samples=20,
