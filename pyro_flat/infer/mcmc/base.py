@@ -186,10 +186,13 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
 
     #: Names of the per-draw statistics this kernel records.
     stat_names: tuple[str, ...] = ("lp", "step_size", "grad_norm", "diverging")
-    #: Whether warmup may choose the step size when none is given.
-    supports_adaptation: bool = True
+    #: Whether warmup may choose the step size when none is given: a kernel that says so also
+    #: states its update's :meth:`stability_limit`. Off unless declared, so that a new kernel
+    #: is not adapted with a limit that is not its own.
+    supports_adaptation: bool = False
     #: Whether the update takes a diagonal metric (``preconditioner="diag"``) and stays exact.
-    supports_preconditioner: bool = True
+    #: Off unless declared: an update that ignores ``self.metric`` would be silently wrong.
+    supports_preconditioner: bool = False
     #: The state this kernel carries beside the position (none: SGLD's chain is its position).
     state_fields: tuple[StateField, ...] = ()
     #: This rank's shard of the data of a data-parallel chain (set by
@@ -217,7 +220,9 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         if (model is None) == (potential_fn is None):
             raise ValueError("give exactly one of model and potential_fn")
         if step_size is None and step_size_schedule is None and not self.supports_adaptation:
-            raise ValueError("step_size is required: a finite number in (0, inf)")
+            raise ValueError(f"step_size is required: a finite number in (0, inf) ("
+                             f"{type(self).__name__} does not declare supports_adaptation, so "
+                             "warmup cannot choose it)")
         if preconditioner not in adaptation.PRECONDITIONERS:
             raise ValueError(
                 f"preconditioner must be one of {adaptation.PRECONDITIONERS}, got "
@@ -227,8 +232,8 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
             if not self.supports_preconditioner:
                 raise ValueError(
                     f"preconditioner={preconditioner!r} is not available for "
-                    f"{type(self).__name__}: a metric would reshape the neighbourhood its "
-                    "target is defined on; use preconditioner=None"
+                    f"{type(self).__name__}: its update does not take a metric "
+                    "(supports_preconditioner is False); use preconditioner=None"
                 )
             if step_size is not None or step_size_schedule is not None:
                 raise ValueError(
@@ -319,10 +324,13 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
 
     def stability_limit(self, curvature: float) -> float:
         r"""The largest stable step of :meth:`update` on a quadratic potential of the given
-        curvature (largest Hessian eigenvalue; of :math:`P^{1/2} H P^{1/2}` with a metric).
-        The Langevin step's :math:`2/\lambda` by default; kernels with another update say
-        theirs."""
-        return adaptation.langevin_limit(curvature)
+        curvature (largest Hessian eigenvalue; of :math:`P^{1/2} H P^{1/2}` with a metric),
+        e.g. the Langevin step's :math:`2/\lambda` (:func:`.adaptation.langevin_limit`).
+        Every kernel with ``supports_adaptation = True`` states its own; there is no default,
+        because a limit that is not the update's own adapts a step that diverges or crawls."""
+        raise NotImplementedError(
+            f"{type(self).__name__} declares supports_adaptation but not its update's "
+            "stability_limit(curvature)")
 
     def draw_statistics(self) -> dict[str, Any]:
         """This kernel's own statistics known when a draw is made (e.g. ``coupling_distance``)."""

@@ -239,6 +239,8 @@ class ContourSGLD(SGMCMCKernel):
     """
 
     stat_names = SGMCMCKernel.stat_names + ("energy", "energy_bin", "log_weight")
+    supports_adaptation = True
+    supports_preconditioner = True
 
     def __init__(
         self,

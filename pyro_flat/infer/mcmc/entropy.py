@@ -136,6 +136,7 @@ class EntropyMCMC(SGMCMCKernel):
     """
 
     stat_names = SGMCMCKernel.stat_names + ("coupling_distance",)
+    supports_adaptation = True
     supports_preconditioner = False  # a metric would reshape the smoothing kernel
     #: Draw the guide's noise ahead on a worker thread (``None``: when a core is spare, see
     #: :mod:`pyro_flat.infer.mcmc.noise`); the values are the same either way.

@@ -120,7 +120,7 @@ class L2E(SGMCMCKernel):
 
     #: L2E has its own rule for an omitted step size (the authors' sqrt(step_mult / N)), and
     #: its learned kinetic energy is not written for a metric.
-    supports_adaptation = False
+    supports_adaptation = False  # its meta-learned step sqrt(2 / N) is part of the rule
     supports_preconditioner = False
 
     def __init__(

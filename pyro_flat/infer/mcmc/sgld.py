@@ -57,10 +57,16 @@ class SGLD(SGMCMCKernel):
     """
 
     state_fields = (NOISE,)
+    supports_adaptation = True
+    supports_preconditioner = True
 
     def update(self, state: KernelState, estimate: Estimate, step_size: float) -> None:
         langevin_step_(state.position, estimate.step_grad, step_size, self.temperature,
                        state.noise, metric=self.metric)
+
+    def stability_limit(self, curvature: float) -> float:
+        r"""The Langevin step's :math:`2/\lambda`."""
+        return adaptation.langevin_limit(curvature)
 
 
 class SGHMC(SGMCMCKernel):
@@ -105,6 +111,9 @@ class SGHMC(SGMCMCKernel):
     ----------
     Chen, T., Fox, E. & Guestrin, C. (2014). Stochastic gradient Hamiltonian Monte Carlo. ICML.
     """
+
+    supports_adaptation = True
+    supports_preconditioner = True
 
     def __init__(
         self,

@@ -123,6 +123,7 @@ class SASGLD(SGMCMCKernel):
     """
 
     stat_names = SGMCMCKernel.stat_names + ("sharpness",)
+    supports_adaptation = True
     supports_preconditioner = False  # a metric would reshape the ball of radius rho
 
     def __init__(

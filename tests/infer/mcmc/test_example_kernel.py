@@ -9,6 +9,7 @@ import pathlib
 import fixed_seed_runs
 import harness
 import pyro
+import pytest
 import torch
 from pyro.infer import MCMC
 
@@ -44,3 +45,16 @@ def test_a_model_with_constrained_sites_resumes_bitwise():
     p = mcmc.get_samples()["p"]
     assert p.shape == (20, 3) and torch.allclose(p.sum(-1), torch.ones(20))
     assert sorted(kernel.state_dict()["kernel_state"]) == ["momentum", "thermostat"]
+
+
+def test_what_the_kernel_does_not_declare_is_refused():
+    """Its update ignores a metric and its stability limit is not the Langevin one, so a
+    metric and a warmup-chosen step are refused (the base defaulted both to on: the kernel
+    ran with them, silently wrong)."""
+    target = harness.correlated_2d()
+    given = {"potential_fn": target, "initial_params": target.initial_params()}
+    with pytest.raises(ValueError, match="SGNHT does not declare supports_adaptation"):
+        SGNHT(**given)
+    with pytest.raises(ValueError, match=r"preconditioner='diag' is not available for SGNHT: "
+                                         r"its update does not take a metric"):
+        SGNHT(**given, step_size=0.02, preconditioner="diag")
