@@ -264,17 +264,11 @@ def _methods(parser: argparse.ArgumentParser, text: str) -> list[str]:
         name = registry.canonical(raw)
         if name and name not in names:
             names.append(name)
-    implemented, planned = registry.implemented(), registry.planned()
+    implemented = registry.implemented()
     unknown = [n for n in names if n not in registry.ALL]
     if unknown:
         parser.error(
-            f"argument --methods: unknown method(s) {', '.join(unknown)} (implemented: "
-            f"{', '.join(implemented)}; planned: {', '.join(planned) or 'none'})"
-        )
-    refused = [n for n in names if n in planned]
-    if refused:
-        parser.error(
-            f"argument --methods: not implemented yet: {', '.join(refused)} (implemented: "
+            f"argument --methods: unknown method(s) {', '.join(unknown)} (the methods: "
             f"{', '.join(implemented)})"
         )
     names = [n for n in names if n != registry.BASELINE]
@@ -309,8 +303,7 @@ def _check_output(parser: argparse.ArgumentParser, out: Path) -> Path:
 def _method_list(width: int = 100) -> str:
     lines = ["methods (--methods):"]
     for name, method in registry.ALL.items():
-        state = "" if method.available() else " [planned: not implemented yet]"
-        lines.append(textwrap.fill(f"{name:13s}{method.summary}{state}", width,
+        lines.append(textwrap.fill(f"{name:13s}{method.summary}", width,
                                    initial_indent="  ", subsequent_indent=" " * 15,
                                    break_on_hyphens=False))
     return "\n".join(lines)
@@ -378,8 +371,7 @@ def _build_parser() -> _Parser:
         "--methods", default=None, metavar="LIST",
         help=(
             "comma-separated methods (see the list above); the SGD reference always runs; "
-            f"default: all implemented ({', '.join(registry.implemented())}); planned, hence "
-            f"refused: {', '.join(registry.planned()) or 'none'}"
+            f"default: all ({', '.join(registry.implemented())})"
         ),
     )
     compare_parser.add_argument(

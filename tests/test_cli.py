@@ -71,12 +71,11 @@ def digits_run(tmp_path_factory):
     return code, stdout, stderr, out
 
 
-def test_every_family_is_implemented():
-    implemented = registry.implemented()
-    for name in ("sgld", "sghmc", "csgld", "entropy", "sasgld", "svi", "hwa", "swag", "fswag",
-                 "ensemble", "ensemble-sam"):
-        assert name in implemented
-    assert set(registry.planned()) <= {"contour", "l2e", "sa-elbo"}
+def test_every_method_can_be_named_and_the_reference_cannot():
+    assert registry.implemented() == ["sgld", "sghmc", "csgld", "entropy", "sasgld", "contour",
+                                      "l2e", "svi", "hwa", "sa-elbo", "swag", "fswag",
+                                      "ensemble", "ensemble-sam"]
+    assert registry.BASELINE in registry.ALL and registry.BASELINE not in registry.implemented()
 
 
 def test_compare_prints_one_table(digits_run, methods):
@@ -236,18 +235,10 @@ def one_error_line(stderr):
     return lines[0]
 
 
-@pytest.fixture
-def planned_swag(monkeypatch):
-    """SWAG as if its class had not landed yet."""
-    method = dataclasses.replace(registry.ALL["swag"], requires=("NoSuchClass",))
-    monkeypatch.setitem(registry.ALL, "swag", method)
-
-
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--methods", "sgld,swag"], "not implemented yet: swag (implemented: sgld, sghmc"),
-        (["--methods", "sgld,nuts"], "unknown method(s) nuts"),
+        (["--methods", "sgld,nuts"], "unknown method(s) nuts (the methods: sgld, sghmc"),
         (["--methods", ","], "name at least one of sgld, sghmc, csgld"),
         (["--methods", "sgd"], "name at least one of sgld"),
         (["--dataset", "cifar100"], "argument --dataset: invalid choice: 'cifar100'"),
@@ -268,7 +259,7 @@ def planned_swag(monkeypatch):
         (["--bogus"], "unrecognized arguments: --bogus"),
     ],
 )
-def test_bad_input_is_a_one_line_usage_error(tmp_path, planned_swag, args, expected):
+def test_bad_input_is_a_one_line_usage_error(tmp_path, args, expected):
     out = tmp_path / "out"
     code, stdout, stderr = run(["compare", "--budget", "20", "--out", str(out), *args])
     assert code == 2
@@ -277,12 +268,11 @@ def test_bad_input_is_a_one_line_usage_error(tmp_path, planned_swag, args, expec
     assert list(tmp_path.iterdir()) == []  # nothing written, not even the folder
 
 
-def test_planned_methods_are_listed_and_left_out_by_default(planned_swag):
-    assert "swag" in registry.planned() and "swag" not in registry.implemented()
+def test_every_method_runs_by_default():
     parser = cli._build_parser()
     args = parser.parse_args(["compare"])
     assert args.methods is None  # the default is resolved when the command runs
-    assert "swag" not in cli._methods(parser, ",".join(registry.implemented()))
+    assert cli._methods(parser, ",".join(registry.implemented())) == registry.implemented()
 
 
 def test_method_aliases():
@@ -368,7 +358,7 @@ def test_progress_bars_on_request(tmp_path, jobs):
         assert "2 methods:" in stderr and "40/40 [" in stderr
 
 
-def test_version_and_help(capsys, planned_swag):
+def test_version_and_help(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["--version"])
     assert exc.value.code == 0
@@ -380,13 +370,10 @@ def test_version_and_help(capsys, planned_swag):
     for option in ("--dataset", "--methods", "--budget", "--seed", "--device", "--out",
                    "--model", "--threads", "--progress"):
         assert option in text
-    assert "\n  sgld " in text  # the method list, one entry per method, planned ones marked
+    assert "\n  sgld " in text  # the method list, one entry per method
     words = " ".join(text.split())
     for name, method in registry.ALL.items():
-        entry = f"{name} {' '.join(method.summary.split())}"
-        assert entry in words
-        assert (f"{entry} [planned: not implemented yet]" in words) == (
-            name in registry.planned())
+        assert f"{name} {' '.join(method.summary.split())}" in words
 
 
 def test_no_command_is_a_usage_error(capsys):

@@ -9,7 +9,7 @@
   :mod:`~pyro_flat.compare.svi` (Bayes by Backprop, HWA, sharpness-aware SVI),
   :mod:`~pyro_flat.compare.swag` (SWAG, F-SWAG), :mod:`~pyro_flat.compare.ensemble` (deep
   ensembles with and without SAM), :mod:`~pyro_flat.compare.sgd` (the SGD/MAP reference);
-* :mod:`~pyro_flat.compare.registry`: every method, implemented or planned;
+* :mod:`~pyro_flat.compare.registry`: every method;
 * :mod:`~pyro_flat.compare.evaluation`, :mod:`~pyro_flat.compare.figures`,
   :mod:`~pyro_flat.compare.output`: the shared metrics, figures and output folder; for
   regression, :mod:`~pyro_flat.compare.mixture` (the Gaussian-mixture predictive and its

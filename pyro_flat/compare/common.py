@@ -147,25 +147,15 @@ class Fit:
 class Method:
     """One method of ``compare``: its name, one line for ``--help``, and its runner.
 
-    ``requires`` names classes of :mod:`pyro_flat.infer` (or ``pyro_flat.optim``) the runner
-    needs; while one is missing the method is listed as planned and refused. ``cost`` only
-    orders the work when methods run in parallel (the costliest first).
+    ``cost`` only orders the work when methods run in parallel (the costliest first).
     """
 
     name: str
     summary: str
     run: Callable[[str, Context], Fit]
-    requires: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     cost: float = 1.0  # rough time per gradient evaluation, relative to SGLD (scheduling)
     grads_per_step: int = 1  # gradient evaluations per SG step (2 for sharpness-aware steps)
-
-    def available(self) -> bool:
-        import pyro_flat.infer
-        import pyro_flat.optim
-
-        return all(hasattr(pyro_flat.infer, n) or hasattr(pyro_flat.optim, n)
-                   for n in self.requires)
 
 
 def stack_draws(draws: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -38,6 +38,6 @@ METHODS = [
            "reference from its own initialisation (Lakshminarayanan et al. 2017)", run_ensemble,
            aliases=("ensembles", "deep-ensemble")),
     Method("ensemble-sam", "F-deep-ensemble: the same members trained with SAM (rho 0.05, two "
-           "gradients per step) (Nguyen et al. 2023)", run_ensemble, requires=("SAM",),
+           "gradients per step) (Nguyen et al. 2023)", run_ensemble,
            aliases=("f-ensemble", "ensembles-sam"), grads_per_step=2),
 ]

@@ -207,7 +207,7 @@ METHODS = [
     Method("contour", f"ContourSGLD: SGLD on the flattened target, {CONTOUR_BINS} energy "
            f"bins from warmup, zeta = {Settings.contour_zeta}; reweighted draws "
            "(Deng et al. 2020)",
-           run_kernel, requires=("ContourSGLD",)),
+           run_kernel),
     Method("l2e", "L2E: the meta-learned sampler with its shipped meta-parameters, step "
-           "sqrt(2/N), friction 0.1 (Kim et al. 2024)", run_kernel, requires=("L2E",), cost=4.0),
+           "sqrt(2/N), friction 0.1 (Kim et al. 2024)", run_kernel, cost=4.0),
 ]

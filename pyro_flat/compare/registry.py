@@ -3,9 +3,7 @@
 Each family file (:mod:`~pyro_flat.compare.mcmc`, :mod:`~pyro_flat.compare.svi`,
 :mod:`~pyro_flat.compare.swag`, :mod:`~pyro_flat.compare.ensemble`,
 :mod:`~pyro_flat.compare.sgd`) lists its :class:`~pyro_flat.compare.common.Method` s; a new
-method is a runner and one entry there (a new family: a new file added to ``FAMILIES``). A
-method whose class is not in :mod:`pyro_flat.infer` yet is *planned*: listed by ``--help`` and
-refused by ``--methods``, never run with a stand-in.
+method is a runner and one entry there (a new family: a new file added to ``FAMILIES``).
 """
 
 from __future__ import annotations
@@ -24,13 +22,8 @@ ALIASES = {alias: m.name for m in ALL.values() for alias in m.aliases}
 
 
 def implemented() -> list[str]:
-    """The methods that can run now (the reference excluded)."""
-    return [n for n, m in ALL.items() if n != BASELINE and m.available()]
-
-
-def planned() -> list[str]:
-    """Methods whose classes have not landed yet."""
-    return [n for n, m in ALL.items() if not m.available()]
+    """The methods ``--methods`` can name (the reference, which always runs, excluded)."""
+    return [n for n in ALL if n != BASELINE]
 
 
 def method(name: str) -> Method:

@@ -80,9 +80,9 @@ METHODS = [
            aliases=("bbb", "trace-elbo"), cost=5.0),
     Method("hwa", "HWA: half the budget SVI as above, then cycles from lr 1e-3 down to 1e-4 "
            "with one average snapshot per cycle; the averaged guide predicts", run_svi,
-           requires=("HWA",), cost=5.0),
+           cost=5.0),
     Method("sa-elbo", "sharpness-aware SVI: SharpnessAwareELBO (rho 0.05, two gradients per "
            "step) with the same guide and optimiser (Nguyen et al. 2023)", run_svi,
-           requires=("SharpnessAwareELBO",), aliases=("sharpness-elbo", "fsgvb", "f-sgvb"),
+           aliases=("sharpness-elbo", "fsgvb", "f-sgvb"),
            cost=5.0, grads_per_step=2),
 ]

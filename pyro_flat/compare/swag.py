@@ -49,6 +49,6 @@ METHODS = [
     Method("swag", "SWAG: SGD as the reference, one snapshot per draw interval after warmup, "
            "rank <= 20, draws at scale 0.5 (Maddox et al. 2019)", run_swag),
     Method("fswag", "F-SWAG: SWAG along SAM steps (rho 0.05, two gradients per step) "
-           "(Nguyen et al. 2023)", run_swag, requires=("SAM",), aliases=("f-swag",),
+           "(Nguyen et al. 2023)", run_swag, aliases=("f-swag",),
            grads_per_step=2),
 ]
