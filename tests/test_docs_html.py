@@ -34,8 +34,6 @@ LITERAL = re.compile(r":(?:math|class|func|meth|mod|attr|data|obj|exc|ref|doc):\
 OPAQUE = {"script", "style", "pre", "code", "kbd", "samp", "math"}
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
         "track", "wbr"}
-#: packages whose __all__ is the public API, and modules that are deprecated aliases
-DEPRECATED = {"pyro_flat.infer.l2e_meta", "pyro_flat.infer.l2e_tasks"}
 
 
 class Page(HTMLParser):
@@ -158,12 +156,12 @@ def test_internal_links_resolve(site):
 
 
 def public_modules():
-    """Every module of pyro_flat but the private and the deprecated ones."""
+    """Every module of pyro_flat but the private ones."""
     names = ["pyro_flat"]
     for info in pkgutil.walk_packages(pyro_flat.__path__, "pyro_flat."):
         if not any(part.startswith("_") for part in info.name.split(".")):
             names.append(info.name)
-    return [n for n in names if n not in DEPRECATED]
+    return names
 
 
 def documented_names(module_name, modules):

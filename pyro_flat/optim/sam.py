@@ -24,7 +24,6 @@ class is for plain torch training loops: ensembles of torch modules, MC dropout,
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -52,9 +51,6 @@ class SAM(torch.optim.Optimizer):
         ASAM's offset :math:`\\eta > 0` in :math:`D = (|\\theta| + \\eta)^2`, so that
         parameters at zero still move (default :data:`pyro_flat.ascent.ASAM_OFFSET`, 0.01).
         Parameter groups may set their own ``"geometry_offset"``.
-    eta : float, optional
-        Deprecated alias of ``geometry_offset`` (it emits a ``FutureWarning`` and, if given,
-        takes precedence); it is not EntropyMCMC's coupling ``eta``.
     batchnorm_modules : iterable of torch.nn.Module
         BatchNorm layers whose running statistics must not move in the perturbed pass (their
         momentum is set to 0 during it); e.g. ``find_batchnorm(net)`` from
@@ -89,22 +85,13 @@ class SAM(torch.optim.Optimizer):
         rho: float = 0.05,
         adaptive: bool = False,
         geometry_offset: float = ASAM_OFFSET,
-        eta: float | None = None,
         batchnorm_modules: Iterable[nn.Module] = (),
         **base_kwargs: Any,
     ):
         rho = validation.nonnegative("rho", rho)
-        offset_name = "geometry_offset"
-        if eta is not None:
-            _warn_eta("SAM(eta=...)")
-            geometry_offset, offset_name = eta, "eta"
-        geometry_offset = validation.positive(offset_name, geometry_offset)
+        geometry_offset = validation.positive("geometry_offset", geometry_offset)
         super().__init__(params, dict(rho=rho, adaptive=bool(adaptive),
                                       geometry_offset=geometry_offset))
-        for group in self.param_groups:
-            if "eta" in group:  # a group written for the old name
-                _warn_eta('a parameter group\'s "eta"')
-                group["geometry_offset"] = group.pop("eta")
         self.base_optimizer = base_optimizer(self.param_groups, **base_kwargs)
         self.param_groups = self.base_optimizer.param_groups
         self.defaults.update(self.base_optimizer.defaults)
@@ -117,7 +104,7 @@ class SAM(torch.optim.Optimizer):
         grads = [p.grad for p in params]
         metric = None
         if any(group["adaptive"] for group in self.param_groups):
-            metric = [asam_metric([p], _offset(group))[0]
+            metric = [asam_metric([p], group["geometry_offset"])[0]
                       if group["adaptive"] and p.grad is not None else None
                       for group in self.param_groups for p in group["params"]]
         radii = [group["rho"] for group in self.param_groups for _ in group["params"]]
@@ -168,11 +155,3 @@ class SAM(torch.optim.Optimizer):
         return loss
 
 
-def _offset(group: dict[str, Any]) -> float:
-    """The group's ASAM offset (``"eta"`` in state dicts saved before the rename)."""
-    return group["geometry_offset"] if "geometry_offset" in group else group["eta"]
-
-
-def _warn_eta(where: str) -> None:
-    warnings.warn(f"{where}: SAM's eta is deprecated and will be removed; use geometry_offset "
-                  "(ASAM's offset, not EntropyMCMC's eta)", FutureWarning, stacklevel=3)

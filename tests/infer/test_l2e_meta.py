@@ -1,8 +1,6 @@
 """L2E meta-training: the ES step lowers the meta-loss, checkpoints resume exactly, and the
-inner loop is the kernel's update; the old modules under pyro_flat.infer are deprecated aliases
-and importing pyro_flat.infer does not load the data sets."""
+inner loop is the kernel's update, and importing pyro_flat.infer does not load the data sets."""
 
-import importlib
 import itertools
 import math
 import subprocess
@@ -125,20 +123,6 @@ def test_bad_configuration_raises_value_error():
         MetaTrainConfig(pairs_per_step=0)
     with pytest.raises(ValueError, match="arch"):
         make_task("digits", "transformer", 4, 1)
-
-
-@pytest.mark.parametrize("old, new", [
-    ("pyro_flat.infer.l2e_meta", "pyro_flat.l2e_training.meta"),
-    ("pyro_flat.infer.l2e_tasks", "pyro_flat.l2e_training.tasks"),
-])
-def test_old_modules_are_deprecated_aliases(old, new, monkeypatch):
-    monkeypatch.delitem(sys.modules, old, raising=False)  # import afresh, then as before
-    with pytest.warns(FutureWarning, match="pyro_flat.l2e_training"):
-        alias = importlib.import_module(old)
-    target = importlib.import_module(new)
-    assert alias.__all__ == target.__all__
-    for name in target.__all__:
-        assert getattr(alias, name) is getattr(target, name)
 
 
 def test_importing_infer_does_not_import_the_data_sets():

@@ -1,8 +1,7 @@
 """SAM: the closed-form step on a quadratic, rho = 0 is the base optimiser, ASAM's ball,
-BatchNorm statistics frozen in the perturbed pass, F-SWAG collection, bad input, the deprecated
-``eta`` alias of ``geometry_offset``, zero gradients and per-group radii."""
+BatchNorm statistics frozen in the perturbed pass, F-SWAG collection, bad input, zero gradients
+and per-group radii."""
 
-import warnings
 
 import pytest
 import torch
@@ -37,7 +36,7 @@ def test_step_has_the_closed_form_on_a_quadratic(adaptive):
     w0 = torch.randn(4, dtype=torch.float64)
     w = w0.clone().requires_grad_()
     rho, lr, eta = 0.3, 0.05, 0.01
-    opt = SAM([w], torch.optim.SGD, rho=rho, adaptive=adaptive, eta=eta, lr=lr)
+    opt = SAM([w], torch.optim.SGD, rho=rho, adaptive=adaptive, geometry_offset=eta, lr=lr)
 
     def closure():
         opt.zero_grad()
@@ -99,7 +98,8 @@ def test_f_swag_collection_runs():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(rho=-0.1), "rho"), (dict(rho=float("nan")), "rho"), (dict(eta=0.0), "eta"),
+    (dict(rho=-0.1), "rho"), (dict(rho=float("nan")), "rho"),
+    (dict(geometry_offset=0.0), "geometry_offset"),
 ])
 def test_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -123,30 +123,6 @@ def quadratic_sam_step(w0, **kwargs):
 
     opt.step(closure)
     return opt, w.detach()
-
-
-def test_eta_is_a_deprecated_alias_of_geometry_offset():
-    w0 = torch.randn(4, dtype=torch.float64)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the new name warns about nothing
-        new, w_new = quadratic_sam_step(w0, geometry_offset=0.2)
-    with pytest.warns(FutureWarning, match="geometry_offset"):
-        old, w_old = quadratic_sam_step(w0, eta=0.2)
-    assert old.param_groups[0]["geometry_offset"] == new.param_groups[0]["geometry_offset"] == 0.2
-    assert "eta" not in old.param_groups[0]
-    assert torch.equal(w_old, w_new)
-    _, w_default = quadratic_sam_step(w0)
-    assert not torch.equal(w_default, w_new)  # the offset is used (default 0.01)
-    with pytest.warns(FutureWarning, match="geometry_offset"), pytest.raises(ValueError,
-                                                                              match="eta"):
-        SAM([torch.zeros(2, requires_grad=True)], lr=0.1, eta=-1.0)
-
-
-def test_a_parameter_group_with_eta_still_works():
-    w = torch.zeros(2, requires_grad=True)
-    with pytest.warns(FutureWarning, match="geometry_offset"):
-        opt = SAM([{"params": [w], "eta": 0.5}], lr=0.1, adaptive=True)
-    assert opt.param_groups[0]["geometry_offset"] == 0.5 and "eta" not in opt.param_groups[0]
 
 
 def test_zero_gradient_is_the_base_step():

@@ -10,8 +10,6 @@ applies to the underdamped form.
 
 from __future__ import annotations
 
-import warnings
-
 from pyro_flat import validation
 from pyro_flat.infer.mcmc import adaptation
 
@@ -22,20 +20,15 @@ DEFAULT_FRICTION = 1.0
 
 def resolve_dynamics(kernel: str, dynamics: str | None, friction: float | None
                      ) -> tuple[str, float]:
-    """The checked ``(dynamics, friction)``.
-
-    ``friction`` given without ``dynamics`` is the form before ``dynamics`` existed, where a
-    friction switched the update to the underdamped one: it still does, with a
-    ``FutureWarning``.
-    """
+    """The checked ``(dynamics, friction)``: a ``friction`` belongs to the underdamped update,
+    so it needs ``dynamics="underdamped"`` (before ``dynamics`` existed, a friction alone
+    switched the update)."""
     if dynamics is None:
         dynamics = "langevin"
         if friction is not None:
-            warnings.warn(
-                f"{kernel}(friction=...) without dynamics= is deprecated: pass "
-                "dynamics='underdamped' as well (a friction alone selects the underdamped "
-                "update for now)", FutureWarning, stacklevel=3)
-            dynamics = "underdamped"
+            raise ValueError(f"{kernel}(friction={friction!r}) needs dynamics='underdamped': "
+                             "friction is the underdamped update's (the default update is "
+                             "Langevin)")
     if dynamics not in DYNAMICS:
         raise ValueError(f"dynamics must be one of {DYNAMICS}, got {dynamics!r}")
     friction = DEFAULT_FRICTION if friction is None else validation.positive("friction", friction)

@@ -97,9 +97,8 @@ class EntropyMCMC(SGMCMCKernel):
     dynamics : {"langevin", "underdamped"}
         The Langevin form (the default) or the underdamped (SGHMC) form.
     friction : float, optional
-        :math:`C > 0` of the underdamped form (default 1). Given without ``dynamics`` it
-        selects the underdamped form with a ``FutureWarning``: pass
-        ``dynamics="underdamped"`` as well.
+        :math:`C > 0` of the underdamped form (default 1); it needs
+        ``dynamics="underdamped"``.
     mass : float
         Scalar mass :math:`M > 0` of the underdamped form.
     tempered_coupling : bool

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import numbers
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -77,8 +75,7 @@ class L2E(SGMCMCKernel):
         The network's parameters: a :class:`~pyro_flat.infer.mcmc.l2e_net.MetaNet`, an
         ``.npz`` file (this project's format or the authors' haiku layout ``linear_0.w`` ...),
         a mapping of those names to arrays, or ``None`` for the parameters shipped with
-        pyro_flat (meta-trained by ``benchmarks/l2e_meta_train.py``). The positional order
-        ``L2E(model, meta_params, step_size)`` is deprecated (``FutureWarning``).
+        pyro_flat (meta-trained by ``benchmarks/l2e_meta_train.py``).
     step_mult : float
         The authors' step multiplier, used when ``step_size`` is ``None``; positive.
     num_data : int, optional
@@ -126,8 +123,8 @@ class L2E(SGMCMCKernel):
     def __init__(
         self,
         model: Callable | None = None,
-        *args: Any,
         step_size: float | None = None,
+        *,
         meta_params: Any = None,
         step_mult: float = 2.0,
         num_data: int | None = None,
@@ -135,7 +132,6 @@ class L2E(SGMCMCKernel):
         kinetic_energy: str = "learned",
         **kwargs: Any,
     ):
-        step_size, meta_params = _positional(args, step_size, meta_params)
         self._auto_step_size = step_size is None and kwargs.get("step_size_schedule") is None
         super().__init__(model, 1.0 if self._auto_step_size else step_size, **kwargs)
         if self._auto_step_size:
@@ -225,23 +221,6 @@ class L2E(SGMCMCKernel):
     def momentum(self) -> torch.Tensor:
         """The current momentum ``r`` (flat)."""
         return self.state.momentum
-
-
-def _positional(args: tuple, step_size: Any, meta_params: Any) -> tuple[Any, Any]:
-    """``(step_size, meta_params)`` from ``L2E(model, step_size)`` or the older
-    ``L2E(model, meta_params[, step_size])`` (with a ``FutureWarning``)."""
-    if not args:
-        return step_size, meta_params
-    first = args[0]
-    if len(args) == 1 and (first is None or isinstance(first, numbers.Real)):
-        if step_size is not None:
-            raise TypeError("L2E got step_size both by position and by name")
-        return first, meta_params
-    if len(args) > 2 or meta_params is not None or (len(args) == 2 and step_size is not None):
-        raise TypeError("L2E takes L2E(model, step_size, *, meta_params=..., ...)")
-    warnings.warn("L2E(model, meta_params, step_size) is deprecated: write "
-                  "L2E(model, step_size, meta_params=...)", FutureWarning, stacklevel=3)
-    return (args[1] if len(args) == 2 else step_size), first
 
 
 __all__ = ["L2E", "MetaNet"]

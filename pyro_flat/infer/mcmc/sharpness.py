@@ -86,9 +86,8 @@ class SASGLD(SGMCMCKernel):
     dynamics : {"langevin", "underdamped"}
         The update after the estimator: Langevin (the default) or SGHMC's.
     friction : float, optional
-        :math:`C > 0` of the underdamped form (default 1). Given without ``dynamics`` it
-        selects the underdamped form with a ``FutureWarning``: pass
-        ``dynamics="underdamped"`` as well.
+        :math:`C > 0` of the underdamped form (default 1); it needs
+        ``dynamics="underdamped"``.
     mass : float
         Scalar mass :math:`M > 0` of the underdamped form.
     batchnorm_modules : iterable of torch.nn.Module, optional

@@ -351,32 +351,26 @@ def test_a_potential_fn_must_return_a_scalar():
         harness.run(kernel, 2, 0)
 
 
-# ------------------------------------------------------------------ older spellings still work
+# ------------------------------------------------------------------ older spellings are gone
 
 @pytest.mark.parametrize("name", ["EntropyMCMC", "SASGLD"])
-def test_friction_alone_still_selects_the_underdamped_form(name, data):
-    """Before ``dynamics`` existed a friction switched to the underdamped update: it still does
-    (same draws as ``dynamics="underdamped"``), with a FutureWarning that says what to write."""
+def test_a_friction_needs_the_underdamped_dynamics(name):
+    """Before ``dynamics`` existed a friction alone switched to the underdamped update (then
+    with a FutureWarning); it is now an error that says what to write."""
     extra = {"eta": 0.01} if name == "EntropyMCMC" else {"rho": 0.01}
     kernel_class = {"EntropyMCMC": EntropyMCMC, "SASGLD": SASGLD}[name]
-    with pytest.warns(FutureWarning, match="dynamics='underdamped'"):
-        old = kernel_class(_model(), EPS, friction=100.0, **extra)
-    new = kernel_class(_model(), EPS, dynamics="underdamped", friction=100.0, **extra)
-    assert old.dynamics == "underdamped"
-    a, b = harness.run(old, 10, 2, 5, *data), harness.run(new, 10, 2, 5, *data)
-    for site, values in a.get_samples().items():
-        assert torch.equal(values, b.get_samples()[site]), site
-    langevin = harness.run(kernel_class(_model(), EPS, **extra), 10, 2, 5, *data)
-    assert not torch.equal(langevin.get_samples()["net.weight"], a.get_samples()["net.weight"])
+    with pytest.raises(ValueError, match=rf"{name}\(friction=100.0\) needs "
+                                         "dynamics='underdamped'"):
+        kernel_class(_model(), EPS, friction=100.0, **extra)
+    assert kernel_class(_model(), EPS, dynamics="underdamped", friction=100.0,
+                        **extra).dynamics == "underdamped"
 
 
-def test_l2e_older_argument_order_still_works(data):
-    with pytest.warns(FutureWarning, match=r"L2E\(model, step_size, meta_params=...\)"):
-        old = L2E(_model(), _meta_net(), EPS)
-    new = L2E(_model(), EPS, meta_params=_meta_net())
-    assert old.step_size == new.step_size == EPS
-    a, b = harness.run(old, 5, 2, 5, *data), harness.run(new, 5, 2, 5, *data)
-    for site, values in a.get_samples().items():
-        assert torch.equal(values, b.get_samples()[site]), site
-    with pytest.raises(TypeError, match="step_size both"):
-        L2E(_model(), EPS, step_size=EPS)
+def test_l2e_takes_the_step_size_second():
+    """``L2E(model, meta_params, step_size)``, the older order, is refused (it was accepted
+    with a FutureWarning)."""
+    assert L2E(_model(), EPS, meta_params=_meta_net()).step_size == EPS
+    with pytest.raises(ValueError, match="step_size must be a real number"):
+        L2E(_model(), _meta_net())
+    with pytest.raises(TypeError):
+        L2E(_model(), _meta_net(), EPS)
