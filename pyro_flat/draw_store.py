@@ -104,11 +104,13 @@ class Part:
                                                 stored, chunks=chunk)
                     if dtype == np.bool_:
                         var.attrs["dtype"] = "bool"  # xarray's encoding of booleans
+            part = cls(file)
+            part.flush()  # a process killed before the first block leaves a part that opens
         except BaseException:
             file.close()
             path.unlink(missing_ok=True)
             raise
-        return cls(file)
+        return part
 
     @classmethod
     def open(

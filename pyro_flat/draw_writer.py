@@ -41,7 +41,7 @@ class DrawWriter:
     :func:`pyro_flat.sample_stats` on the driver then says to open the store. A run under
     :class:`pyro_flat.LeanMCMC` then grows by no more than a few bytes per draw
     (``benchmarks/streaming_memory.py``); Pyro's own ``MCMC`` keeps an empty tensor per draw
-    in its loop (about 0.6 kB), which no hook can avoid.
+    in its loop (about 0.7 kB), which no hook can avoid.
 
     Chains: each chain of ``MCMC(num_chains=C)`` (run one after another or in worker
     processes) writes a part file of its own; a kernel with ``vectorized_chains=K`` writes its
@@ -204,7 +204,6 @@ class DrawWriter:
                 chain.flush()
             finally:
                 chain.part.close()
-            self._chain = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Worker processes get the settings, never an open file.

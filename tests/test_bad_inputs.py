@@ -94,6 +94,12 @@ def store(path):
     return path
 
 
+def predictive(samples=None, **kwargs):
+    """``reference_predictive`` of :func:`regression` at 5 points, 4 draws of ``w`` by default."""
+    samples = {"w": torch.ones(4, 2)} if samples is None else samples
+    return reference_predictive(regression, samples, torch.ones(5, 2), **kwargs)
+
+
 def lean_elbo_loss(**kwargs):
     guide = pyro.infer.autoguide.AutoNormal(model)
     return LeanELBO(**kwargs).loss(model, guide, Y)
@@ -384,27 +390,20 @@ CASES: dict[str, tuple[Callable, type, str]] = {
         lambda: reference_predictive(5, {"w": torch.ones(4, 2)}), ValueError,
         "model must be a Pyro model"),
     "reference_predictive.samples: a site's draws of another shape (was: broadcast)": (
-        lambda: reference_predictive(regression, {"w": torch.ones(4, 3)}, torch.ones(5, 2)),
-        ValueError, r"samples\['w'\] has shape \(4, 3\), but the site's draws must be "
-                    r"\(num_draws, \*site_shape\) = \(4, 2\)"),
-    "reference_predictive.samples: empty": (
-        lambda: reference_predictive(regression, {}, torch.ones(5, 2)), ValueError,
-        "samples must be a non-empty dict"),
+        lambda: predictive({"w": torch.ones(4, 3)}), ValueError,
+        r"samples\['w'\] has shape \(4, 3\), but the site's draws must be "
+        r"\(num_draws, \*site_shape\) = \(4, 2\)"),
+    "reference_predictive.samples: empty": (lambda: predictive({}), ValueError,
+                                            "samples must be a non-empty dict"),
     "reference_predictive.kind: 'binary'": (
-        lambda: reference_predictive(regression, {"w": torch.ones(4, 2)}, torch.ones(5, 2),
-                                     kind="binary"),
-        ValueError, "kind must be 'auto', 'classification' or 'regression'"),
+        lambda: predictive(kind="binary"), ValueError,
+        "kind must be 'auto', 'classification' or 'regression'"),
     "reference_predictive.obs_site: not a site": (
-        lambda: reference_predictive(regression, {"w": torch.ones(4, 2)}, torch.ones(5, 2),
-                                     obs_site="y"),
-        ValueError, r"obs_site 'y' is not a sampled site"),
-    "reference_predictive.seed: -1": (
-        lambda: reference_predictive(regression, {"w": torch.ones(4, 2)}, torch.ones(5, 2),
-                                     seed=-1), ValueError, "seed must be an integer >= 0"),
-    "reference_predictive.batch_size: 0": (
-        lambda: reference_predictive(regression, {"w": torch.ones(4, 2)}, torch.ones(5, 2),
-                                     batch_size=0),
-        ValueError, "batch_size must be an integer >= 1"),
+        lambda: predictive(obs_site="y"), ValueError, r"obs_site 'y' is not a sampled site"),
+    "reference_predictive.seed: -1": (lambda: predictive(seed=-1), ValueError,
+                                      "seed must be an integer >= 0"),
+    "reference_predictive.batch_size: 0": (lambda: predictive(batch_size=0), ValueError,
+                                           "batch_size must be an integer >= 1"),
 }
 
 NP_X = np.random.default_rng(0).normal(size=(40, 2))

