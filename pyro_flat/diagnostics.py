@@ -16,13 +16,12 @@ import numpy as np
 import pyro.poutine as poutine
 import pyro.util
 import torch
-from pyro.poutine.subsample_messenger import _Subsample
 from pyro.poutine.util import site_is_subsample
 
 from pyro_flat import validation
 from pyro_flat.batchnorm_state import evaluation_mode
-from pyro_flat.observed_shapes import check_observed_site
-from pyro_flat.subsample import InjectIndices
+from pyro_flat.target.observed_shapes import check_observed_site
+from pyro_flat.target.subsample import InjectIndices
 
 if TYPE_CHECKING:
     from pyro.infer import MCMC
@@ -96,7 +95,7 @@ def to_arviz(
 
     **Observed shapes.** An observed site whose value and distribution broadcast into a larger
     log-density (targets ``(N, 1)`` against a mean ``(B,)``) is a ``ValueError`` naming the
-    site and both shapes (:mod:`pyro_flat.observed_shapes`).
+    site and both shapes (:mod:`pyro_flat.target.observed_shapes`).
 
     Each group carries the attributes ``inference_library="pyro"``,
     ``inference_library_version``, ``pyro_flat_kernel`` (the class name of ``mcmc.kernel``)
@@ -336,6 +335,55 @@ def get_samples(mcmc: MCMC, *, group_by_chain: bool = False) -> dict[str, torch.
     return samples
 
 
+def kernel_diagnostics(mcmc: MCMC) -> list[dict[str, Any]]:
+    """What the kernel of each of Pyro's chains reported at the end of its run: a list with one
+    ``kernel.diagnostics()`` dict per chain of ``MCMC(num_chains=...)``, worker processes
+    included, in chain order.
+
+    Pyro's ``MCMC`` keeps these per chain but offers them only mixed into
+    ``mcmc.diagnostics()`` (keyed ``"chain 0"``, ... beside its R-hat and ESS of every site);
+    this reads them as the kernels wrote them. For a pyro_flat kernel a dict holds
+    ``"sample_stats"`` (as :func:`sample_stats` gives them, one chain), ``"divergences"``,
+    ``"num_sg_steps"`` and what warmup adapted (``"step_size_adaptation"``,
+    ``"gradient_noise"``, ``"num_steps_per_sample"``, ``"inverse_mass"``) or the kernel's own
+    (e.g. ContourSGLD's ``"energy_pdf"`` and ``"weights_ess"``). A kernel built with
+    ``vectorized_chains=K`` reports its ``K`` chains in one dict (statistics with a chain
+    dimension, ``"vectorized_chains": K``).
+
+    Parameters
+    ----------
+    mcmc : pyro.infer.MCMC
+        A run, i.e. after ``mcmc.run(...)``.
+
+    Returns
+    -------
+    list of dict
+        One per chain of ``mcmc``.
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> from pyro.infer import MCMC
+    >>> from pyro_flat import kernel_diagnostics
+    >>> from pyro_flat.infer import SGLD
+    >>> def model(y):
+    ...     mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    ...     with pyro.plate("data", len(y)):
+    ...         pyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+    >>> mcmc = MCMC(SGLD(model, step_size=1e-2, num_steps_per_sample=5), num_samples=10,
+    ...             warmup_steps=0, disable_progbar=True)
+    >>> mcmc.run(torch.randn(20))
+    >>> kernel_diagnostics(mcmc)[0]["num_sg_steps"]  # 10 draws of 5 SG steps
+    50
+    """
+    # Pyro keeps them in a private list; mcmc.diagnostics() is its only public route and mixes
+    # them with its own summary of every site
+    diagnostics = getattr(mcmc, "_diagnostics", None)
+    if not diagnostics or not all(isinstance(d, Mapping) for d in diagnostics):
+        raise ValueError("mcmc holds no kernel diagnostics: call mcmc.run(...) first")
+    return [dict(d) for d in diagnostics]
+
+
 def _chains(mcmc: MCMC) -> tuple[dict[str, torch.Tensor] | None, list[Any]]:
     """``(draws grouped by chain, per-chain diagnostics)`` with the ``K`` vectorised chains of
     each of Pyro's chains as chains of their own (chain ``c * K + k``)."""
@@ -417,7 +465,7 @@ def _chunks(model: Any, args: tuple, kwargs: dict, draw: dict) -> list[tuple]:
         trace = poutine.trace(poutine.condition(model, data=draw)).get_trace(*args, **kwargs)
     _check_draw_names(trace, list(draw))
     plates = {(n, s["fn"].size, s["fn"].subsample_size) for n, s in trace.nodes.items()
-              if s["type"] == "sample" and type(s["fn"]) is _Subsample
+              if site_is_subsample(s)
               and s["fn"].subsample_size is not None  # None: a full-batch plate
               and s["fn"].subsample_size < s["fn"].size}
     if not plates:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from pyro_flat import validation
 from pyro_flat.ascent import ascent_perturbation
-from pyro_flat.sites import latent_sites
+from pyro_flat.target.sites import latent_sites
 
 #: A loss of the network's output: ``(output, y) -> per-point losses (B,) or their mean``.
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

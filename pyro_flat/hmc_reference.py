@@ -69,7 +69,7 @@ from scipy import stats
 from pyro_flat import likelihoods, validation
 from pyro_flat.bnn import BNN
 from pyro_flat.predictive import bma_probs
-from pyro_flat.sites import latent_sites
+from pyro_flat.target.sites import latent_sites
 
 __all__ = [
     "HMCReference",

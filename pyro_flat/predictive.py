@@ -20,7 +20,7 @@ import pyro.util
 import torch
 
 from pyro_flat import validation
-from pyro_flat.sites import latent_sites
+from pyro_flat.target.sites import latent_sites
 
 __all__ = ["bma_probs", "draw_outputs", "guide_draws"]
 

@@ -38,7 +38,6 @@ from pyro_flat.distributed import (
 )
 from pyro_flat.hmc_reference import reference_predictive
 from pyro_flat.infer import SGHMC, SGLD, LeanELBO, SGMCMCKernel
-from pyro_flat.infer.mcmc import potential
 from pyro_flat.likelihoods import HeteroskedasticGaussian, HomoskedasticGaussian
 from pyro_flat.regression import (
     calibration_curve,
@@ -50,6 +49,7 @@ from pyro_flat.regression import (
     rmse,
     wasserstein2,
 )
+from pyro_flat.target import tracing
 
 Y = torch.tensor([0.0, 1.0, 2.0])
 NAN_Y = torch.tensor([0.0, math.nan, 2.0])
@@ -308,7 +308,7 @@ CASES: dict[str, tuple[Callable, type, str]] = {
         ValueError, r"subsample_size slices torch tensors, but the model's data arguments are "
                     r"\['ndarray', 'ndarray'\]: convert them with torch.as_tensor"),
     "SGMCMCKernel.subsample_size: left out on 10,000 points": (
-        lambda: sample(kernel(), data=torch.zeros(potential.FULL_BATCH_HINT_POINTS)),
+        lambda: sample(kernel(), data=torch.zeros(tracing.FULL_BATCH_HINT_POINTS)),
         UserWarning, r"every SG step evaluates the model on all 10,000 points of plate 'data' "
                      r"\(full batch: no subsample_size\), about 78 times the cost"),
     "SGMCMCKernel.num_steps_per_sample: 0": (

@@ -15,7 +15,7 @@ import torch
 from pyro.infer import MCMC, NUTS
 from pyro.nn import PyroModule, PyroSample
 
-from pyro_flat import to_arviz
+from pyro_flat import kernel_diagnostics, to_arviz
 from pyro_flat.infer import SGHMC, SGLD
 
 with warnings.catch_warnings():  # ArviZ 0.23 announces its 1.x refactor on import
@@ -119,14 +119,14 @@ def test_sample_stats(runs, key, chains, kernel):
     assert np.isfinite(stats["lp"].values).all()
     assert (stats["grad_norm"].values > 0).all()
     for c in range(chains):
-        for name, value in mcmc._diagnostics[c]["sample_stats"].items():
+        for name, value in kernel_diagnostics(mcmc)[c]["sample_stats"].items():
             np.testing.assert_array_equal(stats[name].values[c], value.numpy())
 
 
 @pytest.mark.parametrize("key,chains,kernel", RUNS)
 def test_attrs(runs, key, chains, kernel):
     idata = to_arviz(runs[key])
-    steps = [d["num_sg_steps"] for d in runs[key]._diagnostics]
+    steps = [d["num_sg_steps"] for d in kernel_diagnostics(runs[key])]
     for attrs in (idata.attrs, idata.posterior.attrs, idata.sample_stats.attrs):
         assert attrs["inference_library"] == "pyro"
         assert attrs["inference_library_version"] == pyro.__version__
@@ -146,7 +146,7 @@ def test_thin(runs, thin):
     samples = mcmc.get_samples(group_by_chain=True)
     np.testing.assert_array_equal(idata.posterior["w"].values, samples["w"].numpy()[:, ::thin])
     for c in range(2):
-        lp = mcmc._diagnostics[c]["sample_stats"]["lp"].numpy()
+        lp = kernel_diagnostics(mcmc)[c]["sample_stats"]["lp"].numpy()
         np.testing.assert_array_equal(idata.sample_stats["lp"].values[c], lp[::thin])
 
 
@@ -204,9 +204,10 @@ def test_nuts_exports_diverging_and_log_likelihood(nuts_run):
                                           "posterior_predictive", "observed_data"}
     diverging = idata.sample_stats["diverging"].values
     assert diverging.shape == (1, NUM_SAMPLES) and diverging.dtype == bool
-    assert np.flatnonzero(diverging[0]).tolist() == nuts_run._diagnostics[0]["divergences"]
+    nuts_diagnostics = kernel_diagnostics(nuts_run)[0]
+    assert np.flatnonzero(diverging[0]).tolist() == nuts_diagnostics["divergences"]
     assert list(idata.sample_stats.attrs["acceptance_rate"]) == [
-        nuts_run._diagnostics[0]["acceptance rate"]]
+        nuts_diagnostics["acceptance rate"]]
     np.testing.assert_array_equal(
         idata.posterior["mu"].values, nuts_run.get_samples(group_by_chain=True)["mu"].numpy()
     )
@@ -445,7 +446,7 @@ def test_sample_stats_public_accessor(runs, nuts_run):
     for name, value in grouped.items():
         assert value.shape == (2, NUM_SAMPLES)
         for chain in range(2):
-            expected = mcmc._diagnostics[chain]["sample_stats"][name]
+            expected = kernel_diagnostics(mcmc)[chain]["sample_stats"][name]
             assert torch.equal(value[chain], expected.to(value.dtype)), name
     flat = sample_stats(mcmc)
     assert torch.equal(flat["lp"], grouped["lp"].reshape(-1))  # chains one after another

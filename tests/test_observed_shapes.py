@@ -16,13 +16,14 @@ from pyro.infer import MCMC, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 from pyro.nn import PyroModule, PyroSample
 
-import pyro_flat.infer.mcmc.potential as potential_module
+import pyro_flat.target.log_joint as log_joint_module
+import pyro_flat.target.tracing as tracing_module
 from pyro_flat import to_arviz
 from pyro_flat.bnn import BNN
 from pyro_flat.infer import SGLD
 from pyro_flat.infer.svi.lean_elbo import LeanELBO
 from pyro_flat.likelihoods import Categorical, HomoskedasticGaussian
-from pyro_flat.observed_shapes import observed_shape_error
+from pyro_flat.target.observed_shapes import observed_shape_error
 
 N, B, D = 96, 16, 3
 
@@ -108,13 +109,20 @@ def test_a_network_output_b1_against_targets_b_is_refused_too(data):
         run(SGLD(Regression(squeeze=False), EPS), x, y)
 
 
+def _count_checks(monkeypatch) -> list[str]:
+    """The names of the sites checked from now on, by tracing and by the log-joint messenger."""
+    calls: list[str] = []
+    real = tracing_module.check_observed_site
+    for module in (tracing_module, log_joint_module):
+        monkeypatch.setattr(module, "check_observed_site",
+                            lambda site: calls.append(site["name"]) or real(site))
+    return calls
+
+
 def test_the_check_runs_once_at_setup_not_per_step(data, monkeypatch):
     """The hot path pays nothing: one check per observed site when the kernel traces the model
     (once per chain), none in the 3 x 5 SG steps that follow."""
-    calls = []
-    real = potential_module.check_observed_site
-    monkeypatch.setattr(potential_module, "check_observed_site",
-                        lambda site: calls.append(site["name"]) or real(site))
+    calls = _count_checks(monkeypatch)
     x, y = data
     pyro.set_rng_seed(0)
     run(SGLD(Regression(), EPS, num_steps_per_sample=5), x, y)
@@ -141,10 +149,7 @@ def test_lean_elbo_refuses_it_as_trace_elbo_does(data, monkeypatch):
     with pytest.raises(ValueError, match=TARGETS_N1):  # before: a loss ~16 times too large
         _loss(LeanELBO(), Regression(), x, y.unsqueeze(1))
     # checked on the first particle of each argument shape only
-    calls = []
-    real = potential_module.check_observed_site
-    monkeypatch.setattr(potential_module, "check_observed_site",
-                        lambda site: calls.append(site["name"]) or real(site))
+    calls = _count_checks(monkeypatch)
     elbo, model = LeanELBO(), Regression()
     pyro.clear_param_store()
     guide = AutoNormal(model)

@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from pyro_flat import plots  # noqa: E402
+from pyro_flat import kernel_diagnostics, plots  # noqa: E402
 from pyro_flat.infer.mcmc.contour import ContourSGLD  # noqa: E402
 
 
@@ -69,7 +69,7 @@ def test_energy_pdf_of_a_contour_run():
                          step_size=1e-2, num_bins=20, bin_width=0.5, min_energy=0.0, zeta=0.5)
     mcmc = MCMC(kernel, num_samples=100, warmup_steps=10, disable_progbar=True)
     mcmc.run()
-    fig = plots.energy_pdf(mcmc._diagnostics[0])
+    fig = plots.energy_pdf(kernel_diagnostics(mcmc)[0])
     assert isinstance(fig, Figure)
     assert len(fig.axes[0].patches) >= 20  # the histogram's bars (and the stairs)
     with pytest.raises(ValueError, match="ContourSGLD run's diagnostics"):

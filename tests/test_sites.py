@@ -4,8 +4,8 @@ import pyro
 import pyro.distributions as dist
 import torch
 
-from pyro_flat.sites import latent_sites
-from pyro_flat.subsample import InjectIndices
+from pyro_flat.target.sites import latent_sites
+from pyro_flat.target.subsample import InjectIndices
 
 
 def model(y):

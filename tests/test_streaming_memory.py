@@ -74,11 +74,12 @@ def test_released_statistics_are_read_back_as_they_were(tmp_path, make):
     _, kept = run()
     assert kernel.recorder.released == 300  # nothing of the run's statistics left in memory
     assert all(len(rows) == 0 for rows in kernel.recorder._rows.values())
-    stats, reference = kernel.recorder.tensors(), kept._diagnostics[0]["sample_stats"]
+    ref = pyro_flat.kernel_diagnostics(kept)[0]
+    stats, reference = kernel.recorder.tensors(), ref["sample_stats"]
     assert stats.keys() == reference.keys()
     for name, value in reference.items():
         assert torch.equal(stats[name].to(value.dtype), value), name
-    done, ref = streamed._diagnostics[0], kept._diagnostics[0]
+    done = pyro_flat.kernel_diagnostics(streamed)[0]
     assert done["divergences"] == ref["divergences"]
     assert done.get("weights_ess") == ref.get("weights_ess")
     with pytest.raises(ValueError, match=r"statistics are in the draw store '.*draws'.*"
@@ -105,4 +106,4 @@ def test_divergences_of_vectorised_chains_are_the_draws_where_a_chain_diverged()
     mcmc = pyro.infer.MCMC(SGLD(model, step_size=1e-2, vectorized_chains=2), num_samples=5,
                            warmup_steps=0, disable_progbar=True)
     mcmc.run(y)
-    assert mcmc._diagnostics[0]["divergences"] == []
+    assert pyro_flat.kernel_diagnostics(mcmc)[0]["divergences"] == []

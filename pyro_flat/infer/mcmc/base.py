@@ -30,12 +30,14 @@ from pyro_flat.infer.mcmc.adaptation import DiagonalMetric
 from pyro_flat.infer.mcmc.chains import ChainStreams, VectorizedPotential
 from pyro_flat.infer.mcmc.checkpoint import Checkpoints, state_fingerprint
 from pyro_flat.infer.mcmc.estimators import Estimate, MinibatchGradient
-from pyro_flat.infer.mcmc.layout import FlatLayout, Site
-from pyro_flat.infer.mcmc.minibatch import MinibatchStream
-from pyro_flat.infer.mcmc.potential import ModelPotential, trace_model
 from pyro_flat.infer.mcmc.recorder import DrawRecorder
 from pyro_flat.infer.mcmc.state import KernelState, StateField
-from pyro_flat.infer.mcmc.warmup import WarmupAdaptation, _as_scalar
+from pyro_flat.infer.mcmc.warmup import WarmupAdaptation
+from pyro_flat.target.layout import FlatLayout, Site
+from pyro_flat.target.minibatch import ChainMinibatches
+from pyro_flat.target.potential import ModelPotential
+from pyro_flat.target.target import Target
+from pyro_flat.target.tracing import trace_model
 
 #: A draw whose gradient norm exceeds this multiple of the run's median raises a warning.
 BLOW_UP_FACTOR = 100.0
@@ -55,6 +57,9 @@ def _check_initial_params(params: Any) -> Any:
 class _UserPotential:
     """Adapts a user's ``potential_fn(params) -> U`` to the kernels' ``(params, batch)`` call
     (with ``num_chains``, a batched ``potential_fn`` that returns one energy per chain)."""
+
+    #: A user's potential holds its whole prior.
+    flat_prior = None
 
     def __init__(self, potential_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor],
                  num_chains: int | None = None):
@@ -175,13 +180,13 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
 
     The flat parameter vector (:attr:`position`, and every state field) has the widest
     floating dtype among the sites' initial values
-    (:meth:`~pyro_flat.infer.mcmc.layout.FlatLayout.flat_dtype`): a float64
+    (:meth:`~pyro_flat.target.layout.FlatLayout.flat_dtype`): a float64
     network whose noise scale has a float32 prior is sampled in float64, every site included.
 
     Every observed site is checked once, when the kernel traces the model at setup: a value
     and distribution that broadcast into a larger log-density (targets ``(N, 1)`` against a
     mean ``(B,)``) raise ``ValueError`` naming the site and both shapes
-    (:mod:`pyro_flat.observed_shapes`).
+    (:mod:`pyro_flat.target.observed_shapes`).
     """
 
     #: Names of the per-draw statistics this kernel records.
@@ -304,6 +309,9 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         #: The gradient estimator the update moves with (:mod:`.estimators`).
         self.estimator = MinibatchGradient()
         self.state: KernelState | None = None
+        #: The potential the chain moves on, and the chains' minibatches (set up by each run).
+        self.target: Target | None = None
+        self.minibatches: ChainMinibatches | None = None
         self._t = 0
 
     # ------------------------------------------------------------------ subclass interface
@@ -367,6 +375,27 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         return self._draw < self._warmup_steps
 
     @property
+    def draw_index(self) -> int:
+        """The index of the draw being made in the current run, warmup draws first."""
+        return self._draw
+
+    @property
+    def num_warmup_draws(self) -> int:
+        """The warmup draws of the current run (``MCMC``'s ``warmup_steps``)."""
+        return self._warmup_steps
+
+    @property
+    def adapts(self) -> bool:
+        """Whether warmup chooses the step size (no ``step_size`` and no schedule given)."""
+        return self._adapt_requested
+
+    @property
+    def thinning_by_default(self) -> bool:
+        """Whether ``num_steps_per_sample`` was left to its default (``"auto"`` when warmup
+        chooses the step size and can measure, else 1)."""
+        return self._thinning_by_default
+
+    @property
     def num_steps(self) -> int:
         """SG steps taken so far by this chain (continues across a resume)."""
         return self._t
@@ -379,8 +408,8 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         # Vectorised chains: one random stream per chain, each consumed as a single chain
         # consumes torch's global one (see chains.py); a single chain uses the global stream.
         self.chain_streams = None if k is None else ChainStreams(k, torch.initial_seed(), device)
-        self._stream: MinibatchStream | None = None
-        self._streams: list[MinibatchStream] = []
+        #: The chains' minibatches (``None``: full batch, or a model that subsamples itself).
+        self.minibatches: ChainMinibatches | None = None
         if self.model is not None:
             _check_finite_arguments(args, kwargs)
             if self.init_strategy is None:
@@ -411,9 +440,8 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
             self.transforms = {s.name: s.transform.inv for s in layout.sites if s.transform}
             if plate is not None:
                 generators = [None] if k is None else list(self.chain_streams)
-                self._streams = [MinibatchStream(plate.size, plate.batch_size, device, g)
-                                 for g in generators]
-                self._stream = self._streams[0]
+                self.minibatches = ChainMinibatches(plate.size, plate.batch_size, device,
+                                                    generators)
         else:
             init = self._user_initial_params or self._kernel_initial_params
             if init is None:
@@ -421,7 +449,7 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
             shapes = {name: v.shape for name, v in init.items()}
             if k is not None:
                 shapes = _per_chain_shapes(shapes, k)
-            layout = FlatLayout.from_shapes(shapes)
+            layout, plate = FlatLayout.from_shapes(shapes), None
             self.potential = _UserPotential(self.potential_fn, k)
             inits = [init] if k is None else [{n: v[c] for n, v in init.items()}
                                                for c in range(k)]
@@ -458,11 +486,12 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         self._plan_adaptation(warmup_steps, z)
         self._user_initial_params = None
         self._z = z
-        self._grad = torch.empty_like(z)
         self._z_finite = z.detach().clone()
-        self._leaves = [z[..., s.offset : s.stop].view((*z.shape[:-1], *s.shape)).detach()
-                        .requires_grad_() for s in layout.sites]
-        self._params = {s.name: leaf for s, leaf in zip(layout.sites, self._leaves, strict=True)}
+        shard = self.data_shard
+        #: The potential the chain moves on (:class:`~pyro_flat.target.Target`).
+        self.target = Target(self.potential, layout, plate, None if shard is None else (
+            lambda u, grad: shard.all_reduce_(u, grad, self._t)))
+        self.target.bind(z)
         names = tuple(dict.fromkeys(self.stat_names + self.estimator.stat_names))
         self.recorder = DrawRecorder(names, self.stat_dtypes)
         self._recent_nonfinite: deque[Any] = deque(maxlen=2 * self.max_nonfinite_steps)
@@ -526,12 +555,6 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
             return self._z.detach().clone()
         return torch.cat([self._z.detach()] + [getattr(self.state, f.name).detach()
                                                for f in fields], dim=-1)
-
-    def _site_views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The model's sites as views of a flat tensor of the position's shape."""
-        lead = flat.shape[:-1]
-        return {s.name: flat[..., s.offset : s.stop].view((*lead, *s.shape))
-                for s in self._layout.sites}
 
     def _draw_views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """A draw's sites as views of its flat copy (with a leading chain dimension for
@@ -617,7 +640,7 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
             out["autocorrelation_time"] = tau
         if self.metric is not None:
             out["inverse_mass"] = {
-                k: v.clone() for k, v in self._site_views(self.metric.inverse_mass).items()
+                k: v.clone() for k, v in self.target.site_views(self.metric.inverse_mass).items()
             }
         if self.vectorized_chains is not None:
             out["vectorized_chains"] = self.vectorized_chains
@@ -689,31 +712,10 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
     def potential_and_grad(
         self, batch: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(U, grad U)`` at the current parameters; the gradient is written to a flat buffer.
+        """``(U, grad U)`` at the current parameters (:meth:`Target.value_and_grad
+        <pyro_flat.target.Target.value_and_grad>`); the gradient is written to a flat buffer.
         With vectorised chains ``U`` holds one energy per chain and the gradient one row."""
-        chains = self._z.shape[:-1]
-        with torch.enable_grad():
-            u = torch.as_tensor(self.potential(self._params, batch))
-            if u.dim() and not chains:
-                u = _as_scalar(u)
-            total = u.sum() if chains else u
-            if u.requires_grad:
-                grads = torch.autograd.grad(total, self._leaves, allow_unused=True)
-            else:
-                grads = [None] * len(self._leaves)
-        if any(g is None for g in grads):
-            grads = [
-                torch.zeros_like(x) if g is None else g
-                for g, x in zip(grads, self._leaves, strict=True)
-            ]
-        torch.cat([g.reshape(*chains, -1) for g in grads], dim=-1, out=self._grad)
-        u = u.detach()
-        flat_prior = getattr(self.potential, "flat_prior", None)
-        if flat_prior is not None:
-            u = u + flat_prior.value_and_grad_(self._z, self._grad)
-        if self.data_shard is not None:  # the sum of every rank's part, on every rank
-            u = self.data_shard.all_reduce_(u, self._grad, self._t)
-        return u, self._grad
+        return self.target.value_and_grad(self._z, batch)
 
     @property
     def base_step_size(self) -> float | None:
@@ -866,7 +868,7 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         rng = pyro.util.get_rng_state()
         streams = None if self.chain_streams is None else self.chain_streams.get_state()
         try:
-            batch = self._peek_batch()
+            batch = self.peek_batch()
             u_t, grad = self.potential_and_grad(batch)
             gnorm_t = torch.linalg.vector_norm(grad, dim=-1)
         finally:
@@ -882,18 +884,12 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
 
     def _next_batch(self) -> torch.Tensor | None:
         """The next minibatch indices (one row per chain for vectorised chains), or None."""
-        if not self._streams:
-            return None
-        if self.vectorized_chains is None:
-            return self._stream.next()
-        return torch.stack([stream.next() for stream in self._streams])
+        return None if self.minibatches is None else self.minibatches.next()
 
-    def _peek_batch(self) -> torch.Tensor | None:
-        if not self._streams:
-            return None
-        if self.vectorized_chains is None:
-            return self._stream.peek()
-        return torch.stack([stream.peek() for stream in self._streams])
+    def peek_batch(self) -> torch.Tensor | None:
+        """The minibatch the next SG step takes, without taking it (None: full batch). At an
+        epoch's end it draws a permutation: save and restore the random state around it."""
+        return None if self.minibatches is None else self.minibatches.peek()
 
     def _divergence_message(self, u: float, grad: torch.Tensor, chain: int | None = None
                             ) -> str:
@@ -923,9 +919,9 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         # What a worker process needs: the arguments, not the per-run state.
         keep = {}
         for k, v in self.__dict__.items():
-            if k in ("potential", "_leaves", "_params", "_grad", "_last_draw", "_initial_params",
+            if k in ("potential", "target", "_last_draw", "_initial_params",
                      "_last_flat", "_z_finite", "aux_generator",
-                     "chain_streams", "_streams", "_stream"):
+                     "chain_streams", "minibatches"):
                 continue
             keep[k] = None if k in ("state", "recorder") or isinstance(v, KernelState) else v
         return keep

@@ -123,11 +123,8 @@ class VectorizedPotential:
 
     @property
     def flat_prior(self) -> Any:
-        return getattr(self.potential, "flat_prior", None)
-
-    @property
-    def plate(self) -> Any:
-        return getattr(self.potential, "plate", None)
+        """The wrapped potential's (the chains share it)."""
+        return self.potential.flat_prior
 
     def __call__(self, params: dict[str, torch.Tensor], batch: torch.Tensor | None = None
                  ) -> torch.Tensor:

@@ -64,13 +64,11 @@ class Checkpoints:
         return {
             "version": _STATE_VERSION,
             "kernel": type(self).__name__,
-            "sites": [(s.name, tuple(s.shape)) for s in self._layout.sites],
-            "z": self._z.detach().clone(),
-            "num_sg_steps": self._t,
+            "sites": [(s.name, tuple(s.shape)) for s in self.layout.sites],
+            "z": self.position.detach().clone(),
+            "num_sg_steps": self.num_steps,
             "kernel_state": self.state.checkpoint(),
-            "minibatch": None if self._stream is None else (
-                self._stream.state_dict() if self.vectorized_chains is None
-                else [stream.state_dict() for stream in self._streams]),
+            "minibatch": None if self.minibatches is None else self.minibatches.state_dict(),
             "rng": portable_rng_state(self._rng_for_checkpoint()),
             "aux_rng": self.aux_generator_state(),
             "chain_rng": None if self.chain_streams is None else self._chain_rng_for_checkpoint(),
@@ -80,7 +78,7 @@ class Checkpoints:
     def position_fingerprint(self) -> str:
         """:func:`state_fingerprint` of the chain's position now (after a run: the position
         its checkpoint holds)."""
-        return state_fingerprint(self._z)
+        return state_fingerprint(self.position)
 
     def _adaptation_state(self) -> dict[str, Any] | None:
         if (self._adapted_step_size is None and self._steps_per_sample_chosen is None
@@ -103,13 +101,13 @@ class Checkpoints:
 
     def _chain_rng_for_checkpoint(self) -> list[torch.Tensor]:
         end = getattr(self, "_chain_rng_at_end", None)
-        if end is not None and end[0] == self._t:
+        if end is not None and end[0] == self.num_steps:
             return end[1]
         return self.chain_streams.get_state()
 
     def _rng_for_checkpoint(self) -> dict[str, Any]:
         end = getattr(self, "_rng_at_end", None)
-        if end is not None and end[0] == self._t:
+        if end is not None and end[0] == self.num_steps:
             return end[1]
         return pyro.util.get_rng_state()  # between draws of a run (e.g. from a hook_fn)
 
@@ -125,12 +123,12 @@ class Checkpoints:
         self._resume_state = state
 
     def _restore(self, state: dict[str, Any]) -> torch.Tensor:
-        sites = [(s.name, tuple(s.shape)) for s in self._layout.sites]
+        sites = [(s.name, tuple(s.shape)) for s in self.layout.sites]
         if [tuple(x) for x in state["sites"]] != [(n, tuple(s)) for n, s in sites]:
             raise ValueError(f"saved sites {state['sites']} differ from the model's {sites}")
         z = state["z"].clone()
-        expected = (self._layout.size,) if self.vectorized_chains is None else (
-            self.vectorized_chains, self._layout.size)
+        expected = (self.layout.size,) if self.vectorized_chains is None else (
+            self.vectorized_chains, self.layout.size)
         if tuple(z.shape) != expected:
             raise ValueError(f"the checkpoint holds parameters of shape {tuple(z.shape)}; this "
                              f"kernel's are {expected} (vectorized_chains="
@@ -138,12 +136,8 @@ class Checkpoints:
         self._t = int(state["num_sg_steps"])
         self.state = KernelState.create(z, self.state_fields)
         self.state.load(state["kernel_state"])
-        saved_streams = state["minibatch"]
-        if self._stream is not None and saved_streams is not None:
-            if self.vectorized_chains is None:
-                saved_streams = [saved_streams]
-            for stream, saved in zip(self._streams, saved_streams, strict=True):
-                stream.load_state_dict(saved)
+        if self.minibatches is not None and state["minibatch"] is not None:
+            self.minibatches.load_state_dict(state["minibatch"])
         pyro.util.set_rng_state(native_rng_state(state["rng"]))
         self.aux_generator.set_state(state["aux_rng"])
         if self.chain_streams is not None:

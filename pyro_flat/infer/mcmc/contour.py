@@ -350,7 +350,7 @@ class ContourSGLD(SGMCMCKernel):
         for c, row in enumerate(z.reshape(-1, z.shape[-1])):
             outside = ~((row >= self.bounds[0]) & (row <= self.bounds[1]))  # nan: outside
             if bool(outside.any()):
-                site = next(s for s in self._layout.sites
+                site = next(s for s in self.layout.sites
                             if bool(outside[s.offset : s.stop].any()))
                 values = row[site.offset : site.stop][outside[site.offset : site.stop]]
                 chain = "" if z.dim() == 1 else f" (chain {c})"

@@ -159,7 +159,7 @@ class L2E(SGMCMCKernel):
     def _data_size(self, strict: bool = False) -> int:
         if self.num_data is not None:
             return self.num_data
-        plate = getattr(getattr(self, "potential", None), "plate", None)
+        plate = None if self.target is None else self.target.plate  # known once set up
         if plate is not None:
             return int(plate.size)
         if strict:
@@ -176,11 +176,11 @@ class L2E(SGMCMCKernel):
         """The per-element state: the momentum ``r`` and the six gradient moving averages
         ``m_d``, zero at the start and after a non-finite step. Both live in the features
         buffer (:class:`~pyro_flat.infer.mcmc.l2e_net.L2EState`) the meta-network reads."""
-        d = self._layout.size
+        d = self.layout.size
         chains = 1 if self.vectorized_chains is None else self.vectorized_chains
         # features are normalised per site of each chain: the chains' rows lie one after another
         segments = [(c * d + s.offset, c * d + s.stop) for c in range(chains)
-                    for s in self._layout.sites]
+                    for s in self.layout.sites]
 
         def rows(x: torch.Tensor) -> torch.Tensor:  # one row per chain (views)
             return x if self.vectorized_chains is None else x.view(chains, d, *x.shape[1:])
@@ -197,7 +197,8 @@ class L2E(SGMCMCKernel):
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
         super().setup(warmup_steps, *args, **kwargs)
-        self._n = self._data_size()
+        #: ``N``, the data size the meta-network's features are scaled by (1 when unknown).
+        self.data_size = self._data_size()
         if self._auto_step_size:
             self.step_size = math.sqrt(self.step_mult / self._data_size(strict=True))
         if self.kinetic_energy == "standard":
@@ -214,8 +215,8 @@ class L2E(SGMCMCKernel):
         return self.friction
 
     def update(self, state: KernelState, estimate: Estimate, step_size: float) -> None:
-        l2e_step_(state.position.view(-1), state.features, estimate.step_grad.view(-1), self._n,
-                  step_size, self.temperature, self._kinetic, self.friction)
+        l2e_step_(state.position.view(-1), state.features, estimate.step_grad.view(-1),
+                  self.data_size, step_size, self.temperature, self._kinetic, self.friction)
 
     @property
     def momentum(self) -> torch.Tensor:

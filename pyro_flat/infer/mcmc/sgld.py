@@ -289,12 +289,12 @@ class CyclicalSGLD(SGLD):
         return t % self.cycle_length < self._sampling_start
 
     def steps_for_next_draw(self) -> int:
-        r = self._t % self.cycle_length
+        r = self.num_steps % self.cycle_length
         nxt = next(p for p in self._draw_positions + [self._draw_positions[0] + self.cycle_length]
                    if p >= r)
         return nxt - r + 1
 
     def update(self, state: KernelState, estimate: Estimate, step_size: float) -> None:
-        temperature = 0.0 if self.in_exploration(self._t) else self.temperature
+        temperature = 0.0 if self.in_exploration(self.num_steps) else self.temperature
         langevin_step_(state.position, estimate.step_grad, step_size, temperature, state.noise,
                        metric=self.metric)

@@ -25,11 +25,6 @@ class WarmupAdaptation:
     """Mixin of :class:`~pyro_flat.infer.mcmc.base.SGMCMCKernel`: step-size (and metric)
     adaptation during warmup, when the kernel was built without a step size."""
 
-    @property
-    def adapts(self) -> bool:
-        """Whether warmup chooses the step size (no ``step_size`` and no schedule given)."""
-        return self._adapt_requested
-
     def _reset_adaptation(self) -> None:
         self.metric = None
         self._adapted_step_size = None
@@ -49,7 +44,7 @@ class WarmupAdaptation:
         self._steps_per_sample_chosen: int | None = None
 
     def _plan_adaptation(self, warmup_steps: int, z: torch.Tensor) -> None:
-        if self._streams:  # minibatched: measure the gradient noise (also with a given step)
+        if self.minibatches is not None:  # measure the gradient noise (also with a given step)
             self._noise_at = (adaptation.estimate_points(warmup_steps) if warmup_steps
                               else [0])
         self._plan_thinning(warmup_steps)
@@ -76,42 +71,32 @@ class WarmupAdaptation:
         self, params: dict[str, torch.Tensor], batch: torch.Tensor | None
     ) -> torch.Tensor:
         r""":math:`\hat U` of ``params`` (unconstrained, per site) on ``batch``, differentiable
-        (twice): the model's potential plus the closed-form prior the hot path adds."""
-        u = torch.as_tensor(self.potential(params, batch))
-        lead = self._z.shape[:-1]
-        if u.dim():
-            u = u.sum() if lead else _as_scalar(u)  # chains are independent: sum their U
-        flat_prior = getattr(self.potential, "flat_prior", None)
-        if flat_prior is not None:
-            z = torch.cat([params[s.name].reshape(*lead, -1) for s in self._layout.sites],
-                          dim=-1)
-            d = z - flat_prior.loc
-            u = u + 0.5 * (d * flat_prior.precision * d).sum()
-        return u
+        (twice): :meth:`Target.value <pyro_flat.target.Target.value>`."""
+        return self.target.value(params, batch)
 
-    def _top_curvature(self) -> float:
-        """The largest |eigenvalue| of the minibatch Hessian (of :math:`P^{1/2} H P^{1/2}` with a
-        metric), by :func:`pyro_flat.flatness.hessian_top_eigenvalue`. For vectorised chains,
+    def top_curvature(self) -> float:
+        """The largest absolute eigenvalue of the minibatch Hessian (of :math:`P^{1/2} H P^{1/2}`
+        with a metric), by :func:`pyro_flat.flatness.hessian_top_eigenvalue`. For vectorised chains,
         the Hessian of the sum of their potentials, block-diagonal: the largest over chains."""
         from pyro_flat.flatness import hessian_top_eigenvalue
 
         rng = pyro.util.get_rng_state()
         streams = None if self.chain_streams is None else self.chain_streams.get_state()
         try:
-            batch = self._peek_batch()
+            batch = self.peek_batch()
         finally:
             pyro.util.set_rng_state(rng)
             if streams is not None:
                 self.chain_streams.set_state(streams)
-        scale = None if self.metric is None else self._site_views(self.metric.scale)
+        scale = None if self.metric is None else self.target.site_views(self.metric.scale)
 
         def potential(phi: dict[str, torch.Tensor]) -> torch.Tensor:
             params = phi if scale is None else {k: v * scale[k] for k, v in phi.items()}
             return self.potential_of(params, batch)
 
         start = {k: v.detach() if scale is None else v.detach() / scale[k]
-                 for k, v in self._site_views(self._z).items()}
-        generator = torch.Generator().manual_seed(2_654_435_761 + self._t)
+                 for k, v in self.target.site_views(self.position).items()}
+        generator = torch.Generator().manual_seed(2_654_435_761 + self.num_steps)
         with kept_running_stats(find_batchnorm(self.model)):
             curvature, _ = hessian_top_eigenvalue(
                 potential, start, num_iters=adaptation.POWER_ITERATIONS,
@@ -130,13 +115,13 @@ class WarmupAdaptation:
                 self._metric_from_start = False
         if not self._estimate_at:
             self._moment_sum = None  # the metric is frozen from here on
-        curvature = self._top_curvature()
+        curvature = self.top_curvature()
         self._restore_friction()
         limit = self.stability_limit(curvature) if curvature > 0 else math.inf
         step = self.stability_fraction * limit
         noise_limited = False
         if (self._gradient_variance is not None and self.temperature > 0
-                and self._draw >= adaptation.NOISE_FROM * self._warmup_steps
+                and self.draw_index >= adaptation.NOISE_FROM * self.num_warmup_draws
                 and math.isfinite(step) and step > 0):
             fitted = self.fit_gradient_noise(step, curvature, self._gradient_variance)
             noise_limited = fitted < step
@@ -144,24 +129,24 @@ class WarmupAdaptation:
         if not (math.isfinite(step) and step > 0):
             if self._adapted_step_size is not None:  # keep the last good estimate
                 _LOG.warning("%s: curvature estimate %r at warmup draw %d unusable; keeping "
-                             "step size %.4g", type(self).__name__, curvature, self._draw,
+                             "step size %.4g", type(self).__name__, curvature, self.draw_index,
                              self._adapted_step_size)
                 return
             raise ValueError(
                 f"{type(self).__name__}: warmup could not choose a step size at draw "
-                f"{self._draw}: the largest curvature of the potential is {curvature!r} (a "
+                f"{self.draw_index}: the largest curvature of the potential is {curvature!r} (a "
                 "potential that is linear, or not finite, at the initial parameters); give "
                 "an explicit step_size"
             )
         self.check_step_size(step)
         self._adapted_step_size = step
-        record = {"draw": self._draw, "num_sg_steps": self._t, "curvature": curvature,
+        record = {"draw": self.draw_index, "num_sg_steps": self.num_steps, "curvature": curvature,
                   "stability_limit": limit, "step_size": step}
         if self._gradient_variance is not None:
             record["noise_limited"] = noise_limited
         self._adaptation_log.append(record)
         _LOG.info("%s: warmup draw %d (SG step %d): largest curvature %.4g, stability limit "
-                  "%.4g, step size %.4g%s", type(self).__name__, self._draw, self._t,
+                  "%.4g, step size %.4g%s", type(self).__name__, self.draw_index, self.num_steps,
                   curvature, limit, step, " (diagonal metric)" if self.metric else "")
 
 
@@ -207,11 +192,11 @@ class WarmupAdaptation:
     def _measure_noise(self) -> None:
         """Estimate the minibatch gradient variance at the current position."""
         self._noise_at.pop(0)
-        stream = self._streams[0]
+        batches = self.minibatches
         with kept_running_stats(find_batchnorm(self.model)):
             variance = gradient_noise.measure_variance(
-                self.potential_and_grad, stream.size, stream.batch_size,
-                self.vectorized_chains, self._t, self._z.device)
+                self.potential_and_grad, batches.size, batches.batch_size,
+                self.vectorized_chains, self.num_steps, self.position.device)
         if variance is not None:
             self._gradient_variance = variance
 
@@ -224,8 +209,8 @@ class WarmupAdaptation:
             return
         ratio, excess = self.gradient_noise_terms(self._gradient_variance, step)
         worst = int(excess.reshape(-1, excess.shape[-1]).max(0).values.argmax())
-        site = next(s.name for s in self._layout.sites if s.offset <= worst < s.stop)
-        record = {"draw": self._draw, "num_sg_steps": self._t, "step_size": step,
+        site = next(s.name for s in self.layout.sites if s.offset <= worst < s.stop)
+        record = {"draw": self.draw_index, "num_sg_steps": self.num_steps, "step_size": step,
                   "noise_ratio": float(ratio.max()),
                   "median_noise_ratio": float(ratio.median()),
                   "temperature_excess": float(excess.max()),
@@ -237,7 +222,7 @@ class WarmupAdaptation:
         self._noise_log.append(record)
         _LOG.info("%s: warmup draw %d: minibatch/injected noise ratio %.3g (median %.3g), "
                   "excess temperature %.1f%% (worst at site %r)", type(self).__name__,
-                  self._draw, record["noise_ratio"], record["median_noise_ratio"],
+                  self.draw_index, record["noise_ratio"], record["median_noise_ratio"],
                   100 * record["temperature_excess"], site)
 
     def _warn_if_hot(self) -> None:
@@ -262,8 +247,8 @@ class WarmupAdaptation:
     # ------------------------------------------------------------------ thinning
 
     def _plan_thinning(self, warmup_steps: int) -> None:
-        if self._thinning_by_default:  # "auto" if warmup adapts and can measure, else 1
-            self.auto_thinning = self._adapt_requested and (
+        if self.thinning_by_default:  # "auto" if warmup adapts and can measure, else 1
+            self.auto_thinning = self.adapts and (
                 warmup_steps >= 4 or self._steps_per_sample_chosen is not None)
             self.num_steps_per_sample = "auto" if self.auto_thinning else 1
         if not self.auto_thinning:
@@ -288,7 +273,7 @@ class WarmupAdaptation:
 
     def _new_thinning(self) -> AutoThinning:
         weights = thinning.network_weight_sites(getattr(self, "model", None))
-        return AutoThinning([(s.offset, s.stop) for s in self._layout.sites
+        return AutoThinning([(s.offset, s.stop) for s in self.layout.sites
                              if s.numel and s.name not in weights])
 
     def _end_thinning_window(self, step_before: float | None) -> None:
@@ -296,7 +281,7 @@ class WarmupAdaptation:
         step_after = self.base_step_size
         if step_before is None or step_after is None:
             step_before = step_after = 1.0
-        next_draws = self._thinning_at[0] - self._draw if self._thinning_at else None
+        next_draws = self._thinning_at[0] - self.draw_index if self._thinning_at else None
         self._thinning.window_end(step_before, step_after, next_draws)
         if not self.auto_thinning:  # measured only: say if the given thinning is far too small
             self._autocorrelation_time = self._thinning.last_tau
@@ -314,24 +299,24 @@ class WarmupAdaptation:
 
     def _warmup_boundaries(self) -> None:
         """What runs at the start of a draw: noise measurement, adaptation, thinning."""
-        if self._noise_at and self._draw == self._noise_at[0]:
+        if self._noise_at and self.draw_index == self._noise_at[0]:
             self._measure_noise()
         measured = bool(self._noise_log) or self._gradient_variance is not None
         step_before = self.base_step_size
         adapted = False
-        if self._estimate_at and self._draw == self._estimate_at[0]:
+        if self._estimate_at and self.draw_index == self._estimate_at[0]:
             self._adapt()
             adapted = True
-        if self._thinning_at and self._draw == self._thinning_at[0]:
+        if self._thinning_at and self.draw_index == self._thinning_at[0]:
             self._end_thinning_window(step_before)
         if measured and (adapted or not self.adapts) and (
-                not self._noise_log or self._noise_log[-1]["num_sg_steps"] != self._t):
+                not self._noise_log or self._noise_log[-1]["num_sg_steps"] != self.num_steps):
             self._report_noise()
 
     def _recording_thinning(self) -> AutoThinning | None:
         """The recorder of this draw's SG steps, if the draw is in a measured window."""
         if self._thinning is None or (self._thinning_start is not None
-                                      and self._draw < self._thinning_start):
+                                      and self.draw_index < self._thinning_start):
             return None
         return self._thinning
 
@@ -358,11 +343,3 @@ class WarmupAdaptation:
             return self._thinning.steps_per_sample
         return self._steps_per_sample_chosen
 
-
-def _as_scalar(u: torch.Tensor) -> torch.Tensor:
-    if u.numel() != 1:
-        raise ValueError(
-            f"the potential must be a scalar (one number, U of all parameters), got a tensor "
-            f"of shape {tuple(u.shape)}; sum the terms of a potential_fn before returning them"
-        )
-    return u.reshape(())

@@ -24,8 +24,8 @@ from pyro.infer.util import torch_item
 from pyro.util import warn_if_nan
 
 from pyro_flat import validation
-from pyro_flat.infer.mcmc.potential import UnknownLatentSite, _LogJoint
 from pyro_flat.infer.svi.lean_guides import GuideDraw, LeanGuide, lean_guide
+from pyro_flat.target import LogJoint, UnknownLatentSite
 
 
 def _shape_key(model: Any, args: tuple, kwargs: dict) -> tuple:
@@ -65,7 +65,7 @@ class LeanELBO(Trace_ELBO):
     guide's sites match (a model latent the guide does not draw raises ``RuntimeError``).
     What is: an observed site whose value and distribution broadcast into a larger
     log-density (targets ``(N, 1)`` against a mean ``(B,)``, scored ``B`` times each) raises
-    ``ValueError`` naming the site and both shapes (:mod:`pyro_flat.observed_shapes`), on the
+    ``ValueError`` naming the site and both shapes (:mod:`pyro_flat.target.observed_shapes`), on the
     first particle for each model and shape of its arguments (the later steps pay nothing).
 
     **Cost**: one forward and one backward pass of the model plus the draw: on the
@@ -136,7 +136,7 @@ class LeanELBO(Trace_ELBO):
         flat = {} if lean.flat_prior is None else lean.flat_prior.fns
         key = _shape_key(model, args, kwargs)
         check = key not in self._shapes_checked
-        joint = _LogJoint(draw.values, None, None, flat, check_shapes=check)
+        joint = LogJoint(draw.values, None, None, flat, check_shapes=check)
         try:
             with joint:
                 model(*args, **kwargs)

@@ -36,10 +36,8 @@ from pyro.poutine.messenger import _bound_partial, _context_wrap
 from torch.distributions import biject_to
 from torch.distributions.utils import _standard_normal
 
-from pyro_flat.infer.mcmc.flat_prior import FlatNormalPrior
-from pyro_flat.infer.mcmc.layout import FlatLayout
-from pyro_flat.infer.mcmc.potential import _is_identity
 from pyro_flat.infer.svi.lrt import LocalReparameterization, _GuideRecorder
+from pyro_flat.target import FlatLayout, FlatNormalPrior, is_identity_transform
 
 
 @dataclass
@@ -72,7 +70,7 @@ def _global_sites(guide: Any) -> list[_Site] | str:
         if any(f.vectorized for f in site["cond_indep_stack"]):
             return f"latent site {name!r} is inside a plate"
         transform = biject_to(site["fn"].support)
-        sites.append(_Site(name, site["value"].shape, None if _is_identity(transform)
+        sites.append(_Site(name, site["value"].shape, None if is_identity_transform(transform)
                            else transform, site["fn"].event_dim))
     return sites
 

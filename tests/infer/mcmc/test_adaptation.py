@@ -19,7 +19,7 @@ import pytest
 import torch
 from harness import Z
 
-from pyro_flat import sample_stats
+from pyro_flat import kernel_diagnostics, sample_stats
 from pyro_flat.bnn import BNN
 from pyro_flat.infer import SASGLD, SGHMC, SGLD, ContourSGLD, CyclicalSGLD, EntropyMCMC
 from pyro_flat.infer.mcmc import adaptation
@@ -125,7 +125,7 @@ def test_curvature_is_that_of_the_whole_potential():
 
     kernel = SGLD(model, 1e-3)
     harness.run(kernel, 1, 0)
-    assert kernel.potential.flat_prior is not None  # the prior of w takes the flat path
+    assert kernel.target.flat_prior is not None  # the prior of w takes the flat path
     layout = kernel.layout
     _, pyro_potential, _, _ = initialize_model(model)
 
@@ -133,21 +133,21 @@ def test_curvature_is_that_of_the_whole_potential():
         return pyro_potential({s.name: flat[s.offset: s.stop].view(s.shape)
                                for s in layout.sites})
 
-    z = kernel._z.detach().clone()
+    z = kernel.position.detach().clone()
     hessian = torch.autograd.functional.hessian(potential, z)
     exact = float(torch.linalg.eigvalsh(hessian).abs().max())
-    assert kernel._top_curvature() == pytest.approx(exact, rel=1e-3)
+    assert kernel.top_curvature() == pytest.approx(exact, rel=1e-3)
     p = torch.linspace(0.2, 3.0, len(z), dtype=torch.float64)
     kernel.metric = DiagonalMetric(p, p.sqrt())
     scaled = p.sqrt()[:, None] * hessian * p.sqrt()[None, :]
     exact = float(torch.linalg.eigvalsh(scaled).abs().max())
-    assert kernel._top_curvature() == pytest.approx(exact, rel=1e-3)
+    assert kernel.top_curvature() == pytest.approx(exact, rel=1e-3)
 
 
 def test_top_curvature_is_the_largest_precision():
     kernel = SGLD(gaussian_model())
     mcmc = harness.run(kernel, 5, 4)
-    records = mcmc._diagnostics[0]["step_size_adaptation"]
+    records = kernel_diagnostics(mcmc)[0]["step_size_adaptation"]
     assert [r["draw"] for r in records] == [0, 1, 2, 3]
     for r in records:
         assert r["curvature"] == pytest.approx(100.0, rel=1e-3)
@@ -189,7 +189,7 @@ def test_adapted_sgld_with_metric_has_the_exact_law_of_its_fixed_metric():
     ratio = p.median(0).values * h  # each copy learns its own P, from its own gradients
     assert float(ratio.max() / ratio.min()) < 3, ratio  # conditioning 100 -> under 3
     var, _ = _check_variances(chains, exact.mean(0))
-    assert mcmc._diagnostics[0]["inverse_mass"]["x"].shape == (200, 3)
+    assert kernel_diagnostics(mcmc)[0]["inverse_mass"]["x"].shape == (200, 3)
 
 
 def test_adapted_sghmc_with_metric_has_the_exact_law_of_its_fixed_metric():
@@ -223,7 +223,7 @@ def constrained_model():
 def test_every_sgld_family_kernel_adapts_on_a_constrained_model(name):
     kernel = FAMILY[name](constrained_model)
     mcmc = harness.run(kernel, 20, 8)
-    records = mcmc._diagnostics[0]["step_size_adaptation"]
+    records = kernel_diagnostics(mcmc)[0]["step_size_adaptation"]
     assert len(records) == 4
     limit = kernel.stability_limit(records[-1]["curvature"])
     assert records[-1]["step_size"] == pytest.approx(kernel.stability_fraction * limit)
@@ -245,7 +245,7 @@ def test_sgld_adapts_on_a_minibatched_bnn_with_learned_noise():
     model = BNN(net, HomoskedasticGaussian(), subsample_size=32)
     mcmc = harness.run(SGLD(model, preconditioner="diag", num_steps_per_sample=5), 50, 40,
                        0, x, y)
-    diag = mcmc._diagnostics[0]
+    diag = kernel_diagnostics(mcmc)[0]
     assert set(diag["inverse_mass"]) == set(mcmc.get_samples())
     assert 0 < diag["step_size_adaptation"][-1]["step_size"] < 1
     scale = mcmc.get_samples()["obs_scale"]
@@ -273,7 +273,7 @@ def test_chosen_values_are_logged(caplog):
 def test_an_explicit_step_size_does_not_adapt():
     kernel = SGLD(gaussian_model(), 1e-3)
     mcmc = harness.run(kernel, 3, 3)
-    assert "step_size_adaptation" not in mcmc._diagnostics[0]
+    assert "step_size_adaptation" not in kernel_diagnostics(mcmc)[0]
     assert kernel.metric is None and kernel.base_step_size == 1e-3
 
 
@@ -286,7 +286,7 @@ def test_curvature_estimates_leave_batchnorm_statistics_alone():
     harness.run(kernel, 1, 1, 0, x, y)  # one estimate and one SG step
     bn = net[1] if not hasattr(model.net, "1") else model.net[1]
     before = (bn.running_mean.clone(), bn.running_var.clone(), int(bn.num_batches_tracked))
-    kernel._top_curvature()
+    kernel.top_curvature()
     assert torch.equal(bn.running_mean, before[0]) and torch.equal(bn.running_var, before[1])
     assert int(bn.num_batches_tracked) == before[2]
 

@@ -11,6 +11,7 @@ import torch
 from pyro.infer import MCMC, NUTS
 from pyro.infer.autoguide.initialization import init_to_value
 
+from pyro_flat import kernel_diagnostics
 from pyro_flat.infer import SGHMC, SGLD
 
 SIGMA, PRIOR = 1.0, 2.0
@@ -46,7 +47,7 @@ def test_conjugate_regression_with_subsampling_plate():
     mcmc = harness.run(SGLD(model, step_size=eps, num_steps_per_sample=10), 1500, 50, 0, x, y)
     regression_check(mcmc, x, y, eps, 200)
     # the model's own plate was subsampled by the kernel: B = 200 of N = 400
-    assert mcmc.kernel.potential.plate.batch_size == 200
+    assert mcmc.kernel.target.plate.batch_size == 200
 
 
 def test_full_batch_model_minibatched_by_the_kernel():
@@ -55,7 +56,7 @@ def test_full_batch_model_minibatched_by_the_kernel():
     eps = 1e-4
     kernel = SGLD(model, step_size=eps, subsample_size=200, num_steps_per_sample=10)
     mcmc = harness.run(kernel, 1500, 50, 1, x, y)
-    assert kernel.potential.plate.slice_args and kernel.potential.plate.size == 400
+    assert kernel.target.plate.slice_args and kernel.target.plate.size == 400
     regression_check(mcmc, x, y, eps, 200)
 
 
@@ -73,9 +74,9 @@ def test_kernel_subsampling_scales_a_plate_sized_from_the_data():
     pyro.set_rng_seed(0)
     full.setup(0, x, y)
     sub.setup(0, x, y)
-    sub._z.copy_(full._z)
+    sub.position.copy_(full.position)
     u_full = float(full.potential_and_grad(None)[0])
-    batches = [sub._stream.next() for _ in range(10)]  # one epoch: every datum once
+    batches = [sub.minibatches.next() for _ in range(10)]  # one epoch: every datum once
     u_mean = sum(float(sub.potential_and_grad(b)[0]) for b in batches) / 10
     assert u_mean == pytest.approx(u_full, rel=1e-5)
 
@@ -116,11 +117,11 @@ def test_two_chains_in_worker_processes(monkeypatch, context):
     assert samples["net.weight"].shape == (2, 30, 1, 2)
     assert not torch.equal(samples["net.weight"][0], samples["net.weight"][1])
     for chain in range(2):
-        stats = mcmc._diagnostics[chain]["sample_stats"]
+        stats = kernel_diagnostics(mcmc)[chain]["sample_stats"]
         assert set(stats) == {"lp", "step_size", "grad_norm", "diverging"}
         assert all(len(v) == 30 for v in stats.values())
         assert torch.isfinite(stats["lp"]).all()
-        assert mcmc._diagnostics[chain]["divergences"] == []
+        assert kernel_diagnostics(mcmc)[chain]["divergences"] == []
 
 
 def test_state_dict_from_another_kernel_is_refused():
@@ -136,11 +137,11 @@ def test_lp_is_the_potential_at_the_draw():
     kernel = SGLD(potential_fn=target, initial_params=target.initial_params(), step_size=0.05,
                   num_steps_per_sample=3)
     mcmc = harness.run(kernel, 10, 2)
-    lp = mcmc._diagnostics[0]["sample_stats"]["lp"]
+    lp = kernel_diagnostics(mcmc)[0]["sample_stats"]["lp"]
     draws = mcmc.get_samples()["x"]
     expected = torch.stack([-target({"x": d}) for d in draws])
     assert torch.allclose(lp, expected, rtol=1e-5)
-    gn = mcmc._diagnostics[0]["sample_stats"]["grad_norm"]
+    gn = kernel_diagnostics(mcmc)[0]["sample_stats"]["grad_norm"]
     g = torch.stack([((d - target.mean) @ target.precision).norm() for d in draws])
     assert torch.allclose(gn, g, rtol=1e-4)
 
@@ -175,7 +176,7 @@ def test_nonfinite_steps_are_skipped_and_marked_diverging():
     kernel = SGLD(potential_fn=Exploding(), initial_params={"x": torch.zeros(1)},
                   step_size=0.5, temperature=3.0, num_steps_per_sample=5)
     mcmc = harness.run(kernel, 200, 0)
-    diag = mcmc._diagnostics[0]
+    diag = kernel_diagnostics(mcmc)[0]
     assert 0 < len(diag["divergences"]) < 200
     flagged = torch.nonzero(diag["sample_stats"]["diverging"]).flatten().tolist()
     assert diag["divergences"] == flagged

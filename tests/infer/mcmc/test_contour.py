@@ -11,6 +11,7 @@ import pyro
 import pytest
 import torch
 
+from pyro_flat import kernel_diagnostics
 from pyro_flat.infer import SGLD, ContourSGLD, reweight
 from pyro_flat.infer.mcmc.state import KernelState
 
@@ -23,7 +24,7 @@ def test_zeta_zero_statistics():
     kw = dict(step_size=1e-4, num_steps_per_sample=3, num_bins=10, bin_width=50.0,
               min_energy=0.0)
     b = harness.run(ContourSGLD(model, zeta=0.0, **kw), 30, 5, 11, x, y)
-    stats = b._diagnostics[0]["sample_stats"]
+    stats = kernel_diagnostics(b)[0]["sample_stats"]
     assert torch.equal(stats["log_weight"], torch.zeros(30))
     assert torch.allclose(stats["energy"], -stats["lp"])
     assert stats["energy_bin"].dtype == torch.long
@@ -36,7 +37,7 @@ def test_stats_and_diagnostics_follow_the_rule():
     k = ContourSGLD(model, step_size=1e-4, num_bins=8, bin_width=40.0, min_energy=200.0,
                     zeta=0.5)
     mcmc = harness.run(k, 40, 5, 0, x, y)
-    d = mcmc._diagnostics[0]
+    d = kernel_diagnostics(mcmc)[0]
     e, b = d["sample_stats"]["energy"], d["sample_stats"]["energy_bin"]
     expected = ((e.double() - 200.0) / 40.0).floor().clamp(0, 7).long()
     assert torch.equal(b, expected)
@@ -48,7 +49,7 @@ def test_stats_and_diagnostics_follow_the_rule():
 
 def with_fresh_state(k: ContourSGLD) -> ContourSGLD:
     """The kernel with the state a run starts from, without a model run."""
-    k.state = KernelState.create(torch.zeros(1), k._state_fields())
+    k.state = KernelState.create(torch.zeros(1), k.state_fields)
     return k
 
 
@@ -56,7 +57,8 @@ def test_multiplier_and_initial_pdf():
     k = ContourSGLD(lambda: None, step_size=1e-3, num_bins=4, bin_width=2.0, min_energy=0.0,
                     zeta=1.5, temperature=2.0, multiplier_clip=(-5.0, 0.9))
     with_fresh_state(k)
-    assert torch.allclose(k._g, torch.tensor([4, 3, 2, 1.0], dtype=torch.float64) / 10)
+    assert torch.allclose(k.state.energy_pdf,
+                          torch.tensor([4, 3, 2, 1.0], dtype=torch.float64) / 10)
     assert [k.bin_of(u) for u in (-3.0, 0.0, 1.99, 2.0, 7.9, 100.0)] == [0, 0, 0, 1, 3, 3]
     slope = math.log(3 / 4) / 2.0  # bin 0 uses the slope of bins 0-1 (J- = max(J, 1))
     assert k.multiplier(0) == pytest.approx(1 + 1.5 * 2.0 * slope)
@@ -105,9 +107,10 @@ def test_resume_continues_the_chain_and_g():
     second = harness.run(resumed, 10, 0, 99, x, y)
     for site, values in whole.get_samples().items():
         assert torch.equal(values[10:], second.get_samples()[site]), site
-    assert torch.equal(whole._diagnostics[0]["energy_pdf"], second._diagnostics[0]["energy_pdf"])
-    assert torch.equal(whole._diagnostics[0]["sample_stats"]["log_weight"][10:],
-                       second._diagnostics[0]["sample_stats"]["log_weight"])
+    d_whole, d_second = kernel_diagnostics(whole)[0], kernel_diagnostics(second)[0]
+    assert torch.equal(d_whole["energy_pdf"], d_second["energy_pdf"])
+    assert torch.equal(d_whole["sample_stats"]["log_weight"][10:],
+                       d_second["sample_stats"]["log_weight"])
     assert resumed.bin_width == whole.kernel.bin_width > 0
 
 
@@ -186,7 +189,7 @@ def kernel_trajectory(kernel, steps):
     params, trajectory = kernel.initial_params, []
     for _ in range(steps):
         params = kernel.sample(params)
-        trajectory.append((params["x"].clone(), kernel._g.clone()))
+        trajectory.append((params["x"].clone(), kernel.state.energy_pdf.clone()))
     return trajectory
 
 
@@ -313,7 +316,7 @@ def test_toy_a_estimates_and_energy_pdf():
                          vectorized_chains=TOY_A_CHAINS, num_steps_per_sample=10, **TOY_A_BINS)
     mcmc = harness.run(kernel, 2000, 1000, 0)
     x = mcmc.get_samples()["x"]  # (draws, chains, 2)
-    diagnostics = mcmc._diagnostics[0]
+    diagnostics = kernel_diagnostics(mcmc)[0]
     truth_central, truth_pdf = toy_a_truth()
 
     cells = toy_a_cell(x)
@@ -347,7 +350,7 @@ def test_vectorized_chains_resume():
     resumed.load_state_dict(first.kernel.state_dict())
     second = harness.run(resumed, 10, 0, 99)
     assert torch.equal(whole.get_samples()["x"][10:], second.get_samples()["x"])
-    d_whole, d_second = whole._diagnostics[0], second._diagnostics[0]
+    d_whole, d_second = kernel_diagnostics(whole)[0], kernel_diagnostics(second)[0]
     assert d_whole["energy_pdf"].shape == (3, TOY_A_BINS["num_bins"])
     assert torch.equal(d_whole["energy_pdf"], d_second["energy_pdf"])
     for name in ("energy", "energy_bin", "log_weight"):
@@ -458,7 +461,7 @@ def test_toy_b_reweighted_mode_masses():
                          num_steps_per_sample=thin, **TOY_B_KW)
     mcmc = harness.run(kernel, (steps - warmup) // thin, warmup // thin, 0)
     left = (mcmc.get_samples()["theta"] < 10).double()  # (draws, chains)
-    lw = mcmc._diagnostics[0]["sample_stats"]["log_weight"]
+    lw = kernel_diagnostics(mcmc)[0]["sample_stats"]["log_weight"]
     per_chain = torch.stack([reweight(left[:, c], lw[:, c]) for c in range(TOY_B_CHAINS)])
     mean = float(per_chain.mean())
     se = float(per_chain.std()) / math.sqrt(TOY_B_CHAINS)
@@ -494,13 +497,14 @@ def test_log_weight_integrates_the_multiplier():
                                    for v in grid])
             integral = float(torch.trapezoid(slopes, grid))
             expected = 1.5 * (math.log(0.1) + integral)
-            got = float(k.log_weight(k._g, torch.tensor(u), torch.tensor(k.bin_of(u))))
+            got = float(k.log_weight(k.state.energy_pdf, torch.tensor(u),
+                                     torch.tensor(k.bin_of(u))))
             assert got == pytest.approx(expected, abs=2e-3), (clip, u)
         if clip is None:  # at the lower edge of bin J: zeta log g[J - 1]
             for j in range(1, 5):
                 u = torch.tensor(1.0 + 2.0 * j)
-                assert float(k.log_weight(k._g, u, torch.tensor(j))) == pytest.approx(
-                    1.5 * math.log(float(k._g[j - 1])))
+                assert float(k.log_weight(k.state.energy_pdf, u, torch.tensor(j))) == pytest.approx(
+                    1.5 * math.log(float(k.state.energy_pdf[j - 1])))
 
 
 ASYM_LEFT, ASYM_MU, ASYM_SD, ASYM_GRAD_NOISE = 0.25, 2.2, 0.5, 0.5
@@ -576,7 +580,7 @@ def test_reweighted_mass_of_unequal_modes(setting):
                          **ASYM_SETTINGS[setting])
     mcmc = harness.run(kernel, (steps - warmup) // thin, warmup // thin, 0)
     left = (mcmc.get_samples()["x"] < 0).double()
-    log_weight = mcmc._diagnostics[0]["sample_stats"]["log_weight"]
+    log_weight = kernel_diagnostics(mcmc)[0]["sample_stats"]["log_weight"]
     per_chain = torch.stack([reweight(left[:, c], log_weight[:, c]) for c in range(chains)])
     mean, se = float(per_chain.mean()), float(per_chain.std()) / math.sqrt(chains)
     bias = abs(ula_left_mass(1e-2) - ASYM_LEFT)
@@ -616,7 +620,7 @@ def test_a_start_outside_the_box_is_refused(value, shown):
                                          rf"has unconstrained values \[{shown}\]"):
         harness.run(kernel, 5, 0, 0)
     kernel.initial_params = {"x": torch.tensor([-8.0, 8.0])}  # the edges are inside
-    assert harness.run(kernel, 5, 0, 0)._diagnostics[0]["num_rejected"] <= 5
+    assert kernel_diagnostics(harness.run(kernel, 5, 0, 0))[0]["num_rejected"] <= 5
 
 
 def test_rejected_steps_are_counted_in_diagnostics():
@@ -628,7 +632,7 @@ def test_rejected_steps_are_counted_in_diagnostics():
     mcmc = harness.run(kernel, 200, 0, 0)
     x = mcmc.get_samples()["x"].flatten()
     repeats = int((x[1:] == x[:-1]).sum()) + int(x[0] == 1.9)
-    assert mcmc._diagnostics[0]["num_rejected"] == repeats >= 5
+    assert kernel_diagnostics(mcmc)[0]["num_rejected"] == repeats >= 5
 
 
 def test_rejected_steps_are_counted_per_chain_in_vectorized_chains():
@@ -644,7 +648,7 @@ def test_rejected_steps_are_counted_per_chain_in_vectorized_chains():
     x = mcmc.get_samples()["x"]  # (draws, chains, 2)
     repeats = (x[1:] == x[:-1]).all(-1).sum(0) + (x[0] == start).all(-1)
     assert int(repeats[0]) > 2 * int(repeats[1]) >= 1, repeats
-    assert mcmc._diagnostics[0]["num_rejected"] == repeats.tolist()
+    assert kernel_diagnostics(mcmc)[0]["num_rejected"] == repeats.tolist()
 
 
 def test_vectorized_log_weight_is_the_single_chain_one_row_by_row():
@@ -777,7 +781,7 @@ def test_reweighted_mass_of_unequal_modes_within_three_standard_errors(case, arg
     kernel = ContourSGLD(potential_fn=potential, initial_params={"x": start}, step_size=1e-2,
                          num_steps_per_sample=10, vectorized_chains=chains, **kw)
     mcmc, collapsed = run_collecting_collapse_warnings(kernel, 200, 200)
-    diagnostics = mcmc._diagnostics[0]
+    diagnostics = kernel_diagnostics(mcmc)[0]
     stats = diagnostics["sample_stats"]
     left = (mcmc.get_samples()["x"] < 0).double()  # (draws, chains)
 
@@ -886,7 +890,7 @@ def test_pyro_model_with_unequal_modes_default_arguments():
     estimate, se = pooled_estimate((x < 0).double().T, log_weight.T)
     assert 3 * se < 0.1, se
     assert abs(estimate - truth) <= 3 * se, (estimate, truth, se)
-    assert len(mcmc._diagnostics[0]["weights_ess"]) == chains
+    assert len(kernel_diagnostics(mcmc)[0]["weights_ess"]) == chains
 
 
 def test_before_figure_run_with_default_arguments():
@@ -909,13 +913,13 @@ def test_before_figure_run_with_default_arguments():
                          num_steps_per_sample=10, vectorized_chains=chains, num_bins=20,
                          min_energy=0.0, bin_width=1.0, zeta=5.0, sa_power=1.0)
     mcmc, _ = run_collecting_collapse_warnings(kernel, 200, 200)
-    stats = mcmc._diagnostics[0]["sample_stats"]
+    stats = kernel_diagnostics(mcmc)[0]["sample_stats"]
     heavy = (mcmc.get_samples()["x"] > 0).double()
     estimate, se = pooled_estimate(heavy, stats["log_weight"])
     assert 3 * se < 0.25, se
     assert abs(estimate - (1 - truth)) <= 3 * se, (estimate, 1 - truth, se)
     assert float(stats["energy"].max()) <= 20.0 + 20
-    assert float(torch.tensor(mcmc._diagnostics[0]["weights_ess"]).median()) >= 10
+    assert float(torch.tensor(kernel_diagnostics(mcmc)[0]["weights_ess"]).median()) >= 10
 
 
 @pytest.mark.parametrize("chains", [None, 3])
@@ -936,8 +940,8 @@ def test_a_collapse_of_the_weights_warns_naming_the_ess_draws_and_threshold(chai
                              step_size=0.05, num_bins=20, bin_width=0.5, min_energy=0.0,
                              zeta=zeta, vectorized_chains=chains, num_steps_per_sample=5)
         mcmc, collapsed = run_collecting_collapse_warnings(kernel, 60, 10)
-        ess = torch.tensor(mcmc._diagnostics[0]["weights_ess"], dtype=torch.float64)
-        assert mcmc._diagnostics[0]["weights_ess_threshold"] == 5.0
+        ess = torch.tensor(kernel_diagnostics(mcmc)[0]["weights_ess"], dtype=torch.float64)
+        assert kernel_diagnostics(mcmc)[0]["weights_ess_threshold"] == 5.0
         if zeta == 0.0:
             assert torch.allclose(ess, torch.tensor(60.0, dtype=torch.float64)) and not collapsed
             continue

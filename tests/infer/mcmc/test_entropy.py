@@ -8,6 +8,7 @@ import pyro
 import pytest
 import torch
 
+from pyro_flat import kernel_diagnostics
 from pyro_flat.infer import EntropyMCMC
 from pyro_flat.infer.mcmc.entropy import GUIDE_SUFFIX, select_draws
 
@@ -125,7 +126,7 @@ def test_draws_stats_and_select_draws():
     mcmc = harness.run(EntropyMCMC(model, step_size=1e-4, eta=1e-2), 20, 5, 0, x, y)
     samples = mcmc.get_samples()
     assert set(samples) == {"net.weight", "net.bias", "net.weight__guide", "net.bias__guide"}
-    stats = mcmc._diagnostics[0]["sample_stats"]
+    stats = kernel_diagnostics(mcmc)[0]["sample_stats"]
     dist = torch.cat([(samples["net.weight"] - samples["net.weight__guide"]).flatten(1),
                       (samples["net.bias"] - samples["net.bias__guide"]).flatten(1)], 1).norm(dim=1)
     assert torch.allclose(stats["coupling_distance"], dist, rtol=1e-5)

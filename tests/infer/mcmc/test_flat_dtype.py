@@ -17,8 +17,8 @@ from pyro.nn import PyroModule, PyroSample
 
 from pyro_flat.bnn import BNN
 from pyro_flat.infer import SGLD
-from pyro_flat.infer.mcmc.layout import FlatLayout
 from pyro_flat.likelihoods import HomoskedasticGaussian
+from pyro_flat.target.layout import FlatLayout
 
 F64 = torch.float64
 EPS = 1e-5

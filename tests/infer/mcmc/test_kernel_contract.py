@@ -16,6 +16,7 @@ import pytest
 import torch
 from pyro.infer import MCMC
 
+from pyro_flat import kernel_diagnostics
 from pyro_flat.infer import L2E, SASGLD, SGHMC, SGLD, ContourSGLD, CyclicalSGLD, EntropyMCMC
 from pyro_flat.infer.mcmc.l2e_net import MetaNet
 
@@ -113,7 +114,7 @@ def harness_stats(mcmc, chain=0):
 
 
 def pyro_flat_sample_stats(mcmc):
-    return [d["sample_stats"] for d in mcmc._diagnostics]
+    return [d["sample_stats"] for d in kernel_diagnostics(mcmc)]
 
 
 # ------------------------------------------------------------------ state and determinism

@@ -14,6 +14,7 @@ import pyro.distributions as dist
 import pytest
 import torch
 
+from pyro_flat import kernel_diagnostics
 from pyro_flat.infer import L2E
 from pyro_flat.infer.mcmc.l2e_net import (
     DECAYS,
@@ -188,10 +189,10 @@ def test_default_step_size_uses_the_models_n_and_is_deterministic():
     runs = [harness.run(L2E(regression_model, meta_params=random_net(),
                             num_steps_per_sample=4), 10, 5, 7, x, y) for _ in range(2)]
     assert runs[0].kernel.step_size == pytest.approx(math.sqrt(2.0 / 200))
-    assert runs[0].kernel._n == 200
+    assert runs[0].kernel.data_size == 200
     for site in ("w", "b"):
         assert torch.equal(runs[0].get_samples()[site], runs[1].get_samples()[site])
-    stats = runs[0]._diagnostics[0]["sample_stats"]
+    stats = kernel_diagnostics(runs[0])[0]["sample_stats"]
     assert set(stats) == {"lp", "step_size", "grad_norm", "diverging"}
     assert len(stats["lp"]) == 10 and torch.isfinite(stats["lp"]).all()
 

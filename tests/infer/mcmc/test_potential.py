@@ -61,16 +61,16 @@ def test_potential_and_gradient_equal_pyros(model):
         kernel.setup(0, x, y)
         _, potential_fn, _, _ = initialize_model(model, model_args=(x, y))
         for _ in range(3):
-            kernel._z.add_(0.3 * torch.randn_like(kernel._z))
+            kernel.position.add_(0.3 * torch.randn_like(kernel.position))
             u, grad = kernel.potential_and_grad(None)
             params = {k: v.detach().clone().requires_grad_()
-                      for k, v in kernel.layout.views(kernel._z).items()}
+                      for k, v in kernel.layout.views(kernel.position).items()}
             expected = potential_fn(params)
             expected_grad = torch.autograd.grad(expected, list(params.values()))
             assert float(u) == pytest.approx(float(expected.detach()), rel=1e-10)
             flat = torch.cat([g.reshape(-1) for g in expected_grad])
             assert torch.allclose(grad, flat, rtol=1e-10, atol=1e-10)
-        prior = kernel.potential.flat_prior
+        prior = kernel.target.flat_prior
         if network:
             assert set(prior.fns) == {"net.weight", "net.bias"}
             assert prior._uniform == pytest.approx(1 / 9)

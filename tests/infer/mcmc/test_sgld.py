@@ -11,6 +11,7 @@ import harness
 import pytest
 import torch
 
+from pyro_flat import kernel_diagnostics
 from pyro_flat.infer import SGHMC, SGLD, CyclicalSGLD
 
 
@@ -111,7 +112,7 @@ def cyclical_exact_cov(kernel, target, cycles=30, grad_noise=0.0):
     p = torch.zeros(2, 2, dtype=torch.double)
     at_draw = None
     for t in range(cycles * kernel.cycle_length):
-        eps = kernel._cosine(t)
+        eps = kernel.step_size_schedule(t)
         temp = 0.0 if kernel.in_exploration(t) else kernel.temperature
         f = i - eps * a
         p = f @ p @ f.T + (2 * eps * temp + eps**2 * grad_noise**2) * i
@@ -125,14 +126,14 @@ def test_cyclical_sgld_schedule_and_draw_positions():
     kernel = CyclicalSGLD(potential_fn=target, initial_params=target.initial_params(),
                           step_size=0.2, cycle_length=10, exploration_fraction=0.5,
                           draws_per_cycle=2)
-    assert kernel._cosine(0) == pytest.approx(0.2)
-    assert kernel._cosine(5) == pytest.approx(0.1)
-    assert kernel._cosine(13) == pytest.approx(0.1 * (math.cos(math.pi * 0.3) + 1))
+    assert kernel.step_size_schedule(0) == pytest.approx(0.2)
+    assert kernel.step_size_schedule(5) == pytest.approx(0.1)
+    assert kernel.step_size_schedule(13) == pytest.approx(0.1 * (math.cos(math.pi * 0.3) + 1))
     assert [kernel.in_exploration(t) for t in range(10)] == [True] * 5 + [False] * 5
     mcmc = harness.run(kernel, num_samples=6, warmup_steps=0)
     assert kernel.num_steps == 30  # 3 cycles, 2 draws each, the last at the end of a cycle
-    stats = mcmc._diagnostics[0]["sample_stats"]
-    expected = [kernel._cosine(t) for t in (7, 9, 17, 19, 27, 29)]
+    stats = kernel_diagnostics(mcmc)[0]["sample_stats"]
+    expected = [kernel.step_size_schedule(t) for t in (7, 9, 17, 19, 27, 29)]
     assert torch.allclose(stats["step_size"], torch.tensor(expected))
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from pyro_flat import kernel_diagnostics
 from pyro_flat.ascent import ASAM_OFFSET as GEOMETRY_ETA
 from pyro_flat.bnn import BNN
 from pyro_flat.infer.mcmc.sharpness import SASGLD, find_batchnorm
@@ -15,7 +16,7 @@ from pyro_flat.likelihoods import HomoskedasticGaussian
 
 
 def stats_of(mcmc):
-    return mcmc._diagnostics[0]["sample_stats"]
+    return kernel_diagnostics(mcmc)[0]["sample_stats"]
 
 
 @pytest.mark.parametrize("geometry", [False, True])
@@ -121,7 +122,7 @@ def test_batchnorm_statistics_do_not_move_in_the_perturbed_pass():
     kernel = SASGLD(model, step_size=1e-4, rho=0.5)
     pyro.set_rng_seed(0)
     kernel.setup(0, x, y)
-    batch = kernel._stream.next()
+    batch = kernel.minibatches.next()
     z0, before = kernel.position.clone(), bn_buffers(model)
     kernel.potential_and_grad(batch)  # one unperturbed pass: the reference update
     one_pass = bn_buffers(model)
@@ -149,13 +150,16 @@ def test_both_passes_use_the_same_minibatch():
     kernel = SASGLD(model, step_size=1e-4, rho=0.1)
     pyro.set_rng_seed(0)
     kernel.setup(0, x, y)
-    calls, potential = [], kernel.potential
+    calls, potential = [], kernel.target.potential
 
-    def recording(params, batch):
-        calls.append(batch.clone())
-        return potential(params, batch)
+    class Recording:
+        flat_prior = potential.flat_prior
 
-    kernel.potential = recording
+        def __call__(self, params, batch):
+            calls.append(batch.clone())
+            return potential(params, batch)
+
+    kernel.target.potential = Recording()
     for _ in range(3):
         kernel._sg_step()
     assert len(calls) == 6

@@ -7,6 +7,15 @@ from dataclasses import dataclass
 
 import torch
 from torch.distributions import Transform
+from torch.distributions.transforms import ComposeTransform, IndependentTransform
+
+
+def is_identity_transform(transform: torch.distributions.Transform) -> bool:
+    """Whether ``transform`` (from ``biject_to(support)``) leaves values as they are: the real
+    line's empty composition, possibly wrapped in ``IndependentTransform``."""
+    while isinstance(transform, IndependentTransform):
+        transform = transform.base_transform
+    return isinstance(transform, ComposeTransform) and not transform.parts
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from pyro_flat.infer.mcmc.layout import FlatLayout
-from pyro_flat.infer.mcmc.normal import HALF_LOG_2PI, normal_parts
+from pyro_flat.target.layout import FlatLayout
+from pyro_flat.target.normal import HALF_LOG_2PI, normal_parts
 
 
 def _constant_normal_parts(fn: Any, value: torch.Tensor

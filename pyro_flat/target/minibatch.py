@@ -81,3 +81,68 @@ class MinibatchStream:
         perm = state["perm"]
         self._perm = None if perm is None else perm.to(self.device)
         self._pos = int(state["pos"])
+
+
+class ChainMinibatches:
+    """The minibatches of one chain, or of ``K`` vectorised chains (one stream each).
+
+    Parameters
+    ----------
+    size, batch_size : int
+        ``N`` and ``B`` of the subsampled plate.
+    device : torch.device
+        Where the index tensors live.
+    generators : list of torch.Generator or None
+        ``[None]``: one chain on torch's global stream; else one generator per chain.
+
+    Examples
+    --------
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <torch._C.Generator object at ...>
+    >>> batches = ChainMinibatches(10, 4, "cpu", [None])
+    >>> tuple(batches.next().shape), batches.vectorized
+    ((4,), False)
+    >>> gens = [torch.Generator().manual_seed(k) for k in range(3)]
+    >>> tuple(ChainMinibatches(10, 4, "cpu", gens).next().shape)  # one row per chain
+    (3, 4)
+    """
+
+    def __init__(self, size: int, batch_size: int, device: torch.device | str,
+                 generators: list[torch.Generator | None]):
+        self.streams = [MinibatchStream(size, batch_size, device, g) for g in generators]
+        #: Whether the chains are vectorised (batches with a leading chain dimension).
+        self.vectorized = generators != [None]
+
+    @property
+    def size(self) -> int:
+        """``N``."""
+        return self.streams[0].size
+
+    @property
+    def batch_size(self) -> int:
+        """``B``."""
+        return self.streams[0].batch_size
+
+    def next(self) -> torch.Tensor:
+        """The next minibatch: ``(B,)``, or ``(K, B)`` for vectorised chains."""
+        if not self.vectorized:
+            return self.streams[0].next()
+        return torch.stack([stream.next() for stream in self.streams])
+
+    def peek(self) -> torch.Tensor:
+        """The minibatch :meth:`next` would return, without advancing (see
+        :meth:`MinibatchStream.peek` for the random stream)."""
+        if not self.vectorized:
+            return self.streams[0].peek()
+        return torch.stack([stream.peek() for stream in self.streams])
+
+    def state_dict(self) -> Any:
+        """The streams' states: one dict, or a list of one per vectorised chain."""
+        states = [stream.state_dict() for stream in self.streams]
+        return states if self.vectorized else states[0]
+
+    def load_state_dict(self, state: Any) -> None:
+        """Continue from :meth:`state_dict`'s ``state``."""
+        states = state if self.vectorized else [state]
+        for stream, saved in zip(self.streams, states, strict=True):
+            stream.load_state_dict(saved)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from pyro.poutine.messenger import Messenger
-from pyro.poutine.subsample_messenger import _Subsample
+from pyro.poutine.util import site_is_subsample
 
 __all__ = ["InjectIndices"]
 
@@ -40,6 +40,6 @@ class InjectIndices(Messenger):
         self.size, self.batch = size, batch
 
     def _pyro_sample(self, msg: dict) -> None:
-        if (type(msg["fn"]) is _Subsample and msg["fn"].size == self.size
+        if (site_is_subsample(msg) and msg["fn"].size == self.size
                 and msg["value"] is None):
             msg["value"] = self.batch

@@ -1,20 +1,8 @@
-"""The minibatch potential of a Pyro model: the hot path of every SG-MCMC kernel.
+"""Tracing a Pyro model once: its latent sites, their transforms and initial values, and the
+plate that is subsampled at every step (:class:`DataPlate`).
 
-For unconstrained parameters ``z``, constrained values ``x = T(z)`` and ``T = biject_to(support)``,
-
-.. math::
-
-    U(z) = -\\log p(x) - \\log|\\det J_T(z)|
-           - \\frac{N}{B} \\sum_{i \\in \\text{batch}} \\log p(y_i \\mid x)
-
-The model runs once per evaluation under ``_LogJoint``, a small messenger that substitutes
-the latent values, injects the minibatch indices into the data plate and adds up the scaled
-log-densities as the sites go by. Nothing is traced or recorded; Normal priors (the usual BNN
-prior) are summed in closed form on the flat parameter vector (:mod:`.flat_prior`). On a
-784-100-100-10 MLP the potential and its gradient cost about 1.1 times a hand-written
-``functional_call`` log joint (``benchmarks/step_overhead.py``), about half of what a traced
-model costs (``benchmarks/README.md``, "Notes on design choices").
-The other Normal sites are summed in closed form as the model runs (:mod:`.normal`).
+:func:`trace_model` is what an SG-MCMC kernel's setup runs; it also checks every observed
+site's shapes once (:mod:`.observed_shapes`), so that no step pays for it.
 """
 
 from __future__ import annotations
@@ -27,24 +15,22 @@ from typing import Any
 
 import pyro.poutine as poutine
 import torch
-from pyro.distributions.util import scale_and_mask
 from pyro.infer.autoguide.initialization import InitMessenger
-from pyro.poutine.messenger import Messenger
-from pyro.poutine.subsample_messenger import _Subsample
 from torch.distributions import biject_to
-from torch.distributions.transforms import ComposeTransform, IndependentTransform
 
-from pyro_flat.infer.mcmc.flat_prior import FlatNormalPrior
-from pyro_flat.infer.mcmc.layout import FlatLayout
-from pyro_flat.infer.mcmc.normal import normal_log_prob_sum
-from pyro_flat.observed_shapes import check_observed_site
-from pyro_flat.sites import latent_sites
-from pyro_flat.subsample import InjectIndices
+from pyro_flat.target.flat_prior import FlatNormalPrior
+from pyro_flat.target.layout import FlatLayout, is_identity_transform
+from pyro_flat.target.observed_shapes import check_observed_site
+from pyro_flat.target.sites import latent_sites
+from pyro_flat.target.subsample import InjectIndices
+
+__all__ = ["DataPlate", "trace_model"]
 
 #: A model observed on this many points or more, run full batch, is told what a step costs.
 FULL_BATCH_HINT_POINTS = 10_000
 #: The minibatch the full-batch hint compares with.
 HINT_BATCH = 128
+
 
 
 @dataclass(frozen=True)
@@ -62,184 +48,6 @@ class DataPlate:
     slice_args: bool = False
     arg_positions: tuple[int, ...] = ()
     kwarg_names: tuple[str, ...] = ()
-
-
-class UnknownLatentSite(RuntimeError):
-    """The model sampled a latent site that has no value to substitute (``site``: its name)."""
-
-    def __init__(self, site: str, message: str):
-        super().__init__(message)
-        self.site = site
-
-
-def _is_identity(transform: torch.distributions.Transform) -> bool:
-    while isinstance(transform, IndependentTransform):
-        transform = transform.base_transform
-    return isinstance(transform, ComposeTransform) and not transform.parts
-
-
-class _LogJoint(Messenger):
-    """Substitutes latent values, injects minibatch indices, and sums scaled log-densities.
-
-    ``check_shapes``: refuse an observed site whose value and distribution broadcast into a
-    larger log-density (:mod:`pyro_flat.observed_shapes`); off on the kernels' hot path, where
-    :func:`trace_model` checked the sites once.
-    """
-
-    def __init__(
-        self,
-        values: dict[str, torch.Tensor],
-        plate: DataPlate | None,
-        batch: torch.Tensor | None,
-        flat_prior_fns: dict[str, Any],
-        include_prior: bool = True,
-        check_shapes: bool = False,
-    ):
-        super().__init__()
-        self.values = values
-        self.plate = plate
-        self.batch = batch
-        self.flat_prior_fns = flat_prior_fns
-        self.include_prior = include_prior
-        self.check_shapes = check_shapes
-        self.missed: list[str] = []
-        self.log_joint: torch.Tensor | float = 0.0
-
-    def _pyro_sample(self, msg: dict) -> None:
-        if msg["is_observed"]:
-            return
-        value = self.values.get(msg["name"])
-        if value is not None:
-            msg["value"] = value
-        elif (
-            self.batch is not None
-            and type(msg["fn"]) is _Subsample
-            and msg["fn"].size == self.plate.size
-            and msg["name"] == self.plate.name
-        ):
-            msg["value"] = self.batch
-
-    def _pyro_post_sample(self, msg: dict) -> None:
-        fn = msg["fn"]
-        if type(fn) is _Subsample or msg["infer"].get("_deterministic"):
-            return
-        if not msg["is_observed"] and msg["name"] not in self.values:
-            raise UnknownLatentSite(
-                msg["name"],
-                f"sample site {msg['name']!r} was not present when the kernel traced the model; "
-                "SG-MCMC kernels need a model with a fixed set of latent sites",
-            )
-        if msg["is_observed"] and self.check_shapes:
-            check_observed_site(msg)
-        if not msg["is_observed"] and not self.include_prior:
-            return
-        scale, mask = msg["scale"], msg["mask"]
-        if not msg["is_observed"] and msg["name"] in self.flat_prior_fns:
-            if fn is self.flat_prior_fns[msg["name"]] and mask is None and _is_one(scale):
-                return  # summed in closed form on the flat vector by FlatNormalPrior
-            self.missed.append(msg["name"])
-        if self.plate is not None and self.plate.slice_args:
-            for frame in msg["cond_indep_stack"]:
-                # A plate sized from the sliced arguments (e.g. ``pyro.plate("data", len(x))``)
-                # sees only the minibatch's points and does not rescale: the kernel does, by
-                # N / B (a data-parallel rank sees its part of the B points: still N / B).
-                if frame.name == self.plate.name and frame.full_size != self.plate.size:
-                    scale = scale * (self.plate.size / self.plate.batch_size)
-        lp = None
-        if mask is None and not msg["is_observed"]:
-            lp = normal_log_prob_sum(fn, msg["value"])
-        if lp is None:
-            lp = scale_and_mask(fn.log_prob(msg["value"]), 1.0, mask).sum()
-        self.log_joint = self.log_joint + (lp if _is_one(scale) else scale * lp)
-
-
-def _is_one(scale: Any) -> bool:
-    return isinstance(scale, float) and scale == 1.0
-
-
-class ModelPotential:
-    """``U(z, batch)`` of a Pyro model, for the unconstrained values ``z`` of its latent sites.
-
-    Parameters
-    ----------
-    model : callable
-        The Pyro model.
-    model_args, model_kwargs
-        Its arguments, fixed for the run.
-    layout : FlatLayout
-        The latent sites, with their transforms to the constrained space.
-    plate : DataPlate or None
-        The subsampled data plate, or None to run the model as it is (full batch, or the model's
-        own plate subsampling).
-    flat_prior : FlatNormalPrior, optional
-        Sites whose constant Normal prior is left out of the model run; the caller adds
-        ``flat_prior.value_and_grad_`` on the flat vector.
-
-    Attributes
-    ----------
-    include_prior : bool
-        ``False``: the likelihood term alone (no prior, no log-Jacobian), for a data-parallel
-        rank whose part of the sum leaves the prior to another rank
-        (:mod:`pyro_flat.distributed.data_parallel`).
-    """
-
-    include_prior: bool = True
-
-    def __init__(
-        self,
-        model: Callable,
-        model_args: tuple,
-        model_kwargs: dict,
-        layout: FlatLayout,
-        plate: DataPlate | None,
-        flat_prior: FlatNormalPrior | None = None,
-    ):
-        self.model = model
-        self.model_args = tuple(model_args)
-        self.model_kwargs = dict(model_kwargs)
-        self.layout = layout
-        self.plate = plate
-        self._transformed = [s for s in layout.sites if s.transform is not None]
-        self.flat_prior = flat_prior
-
-    @property
-    def _flat_prior_fns(self) -> dict[str, Any]:
-        return {} if self.flat_prior is None else self.flat_prior.fns
-
-    def _arguments(self, batch: torch.Tensor | None) -> tuple[tuple, dict]:
-        plate = self.plate
-        if batch is None or plate is None or not plate.slice_args:
-            return self.model_args, self.model_kwargs
-        args = list(self.model_args)
-        for i in plate.arg_positions:
-            args[i] = args[i].index_select(0, batch)
-        kwargs = dict(self.model_kwargs)
-        for k in plate.kwarg_names:
-            kwargs[k] = kwargs[k].index_select(0, batch)
-        return tuple(args), kwargs
-
-    def __call__(
-        self, params: dict[str, torch.Tensor], batch: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        values = params
-        log_det = 0.0
-        if self._transformed:
-            values = dict(params)
-            for site in self._transformed:
-                z = params[site.name]
-                x = site.transform(z)
-                if self.include_prior:
-                    log_det = log_det + site.transform.log_abs_det_jacobian(z, x).sum()
-                values[site.name] = x
-        args, kwargs = self._arguments(batch)
-        log_joint = _LogJoint(values, self.plate, batch, self._flat_prior_fns,
-                              self.include_prior)
-        with log_joint:
-            self.model(*args, **kwargs)
-        if log_joint.missed:
-            # A prior object changed since setup: from now on it is summed in the model run.
-            self.flat_prior.drop(log_joint.missed)
-        return -(log_joint.log_joint + log_det)
 
 
 def _leading_size(args: tuple, kwargs: dict) -> int | None:
@@ -295,7 +103,7 @@ def trace_model(
 
     Every observed site is checked here, once: a value and distribution that broadcast into a
     larger log-density (targets ``(N, 1)`` against a mean ``(B,)``) raise ``ValueError``
-    naming the site and both shapes (:mod:`pyro_flat.observed_shapes`).
+    naming the site and both shapes (:mod:`pyro_flat.target.observed_shapes`).
 
     Returns
     -------
@@ -383,7 +191,7 @@ def trace_model(
         # The flat vector holds the unconstrained value, whose shape differs from the site's
         # for shape-changing transforms (simplex 3 -> 2, LKJ Cholesky 3x3 -> 3, ...).
         shapes[name] = unconstrained.shape
-        if not _is_identity(transform):
+        if not is_identity_transform(transform):
             transforms[name] = transform
         init[name] = unconstrained
     if not shapes:
