@@ -241,9 +241,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.before:
-        from pyro_flat.infer.mcmc.warmup import WarmupAdaptation
+        from pyro_flat.infer.mcmc.warmup import Warmup
 
-        WarmupAdaptation._measure_noise = lambda self: None
+        Warmup.measure_noise = lambda self: None
     path = RESULTS / "minibatch_noise.json"
     rows = json.loads(path.read_text())["rows"] if path.exists() else []
     for problem in args.problems:

@@ -25,14 +25,14 @@ import torch
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from pyro_flat import validation
-from pyro_flat.infer.mcmc import adaptation
+from pyro_flat.infer.mcmc import adaptation, gradient_noise
 from pyro_flat.infer.mcmc.adaptation import DiagonalMetric
 from pyro_flat.infer.mcmc.chains import ChainStreams, VectorizedPotential
 from pyro_flat.infer.mcmc.checkpoint import Checkpoints, state_fingerprint
 from pyro_flat.infer.mcmc.estimators import Estimate, MinibatchGradient
 from pyro_flat.infer.mcmc.recorder import DrawRecorder
 from pyro_flat.infer.mcmc.state import KernelState, StateField
-from pyro_flat.infer.mcmc.warmup import WarmupAdaptation
+from pyro_flat.infer.mcmc.warmup import Warmup
 from pyro_flat.target.layout import FlatLayout, Site
 from pyro_flat.target.minibatch import ChainMinibatches
 from pyro_flat.target.potential import ModelPotential
@@ -87,7 +87,7 @@ def _per_chain_shapes(shapes: dict[str, torch.Size], k: int) -> dict[str, torch.
     return out
 
 
-class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
+class SGMCMCKernel(Checkpoints, MCMCKernel):
     r"""Base class of the stochastic-gradient MCMC kernels, for use with :class:`pyro.infer.MCMC`.
 
     The target is :math:`\pi_T(\theta) \propto \exp(-U(\theta)/T)` with the minibatch potential
@@ -299,7 +299,8 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         self.vectorized_chains = None if vectorized_chains is None else (
             validation.integer_at_least("vectorized_chains", vectorized_chains, 1))
         self.metric: DiagonalMetric | None = None
-        self._adapted_step_size: float | None = None
+        #: What warmup measures and chooses (:class:`~pyro_flat.infer.mcmc.warmup.Warmup`).
+        self.warmup = Warmup(self)
         self._kernel_initial_params = _check_initial_params(initial_params)
         self._user_initial_params: dict[str, torch.Tensor] | None = None
         self._initial_params: dict[str, torch.Tensor] | None = None
@@ -348,6 +349,57 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         r"""This kernel's own statistics of a draw that need the potential at it (``energy``,
         the minibatch :math:`\hat U` there), e.g. ContourSGLD's ``log_weight``."""
         return {}
+
+    # ------------------------------------------------------------------ what warmup asks
+
+    #: Whether a run warns when the excess temperature is above the bound (a kernel whose
+    #: dynamics were fitted to minibatch noise, as L2E's meta-learned ones, reports it only).
+    warns_on_gradient_noise: bool = True
+
+    def fit_gradient_noise(self, step_size: float, curvature: float,
+                           variance: torch.Tensor) -> float:
+        r"""The adapted step size given the measured minibatch gradient ``variance``: at most
+        ``step_size`` (the stability rule's), and small enough that the minibatch noise is at
+        most :data:`~pyro_flat.infer.mcmc.gradient_noise.TARGET_RATIO` of the injected noise
+        in every coordinate (the ratio is linear in the step). SGHMC overrides it to choose
+        its noise correction and friction instead."""
+        ratio = float(self.gradient_noise_terms(variance, step_size)[0].max())
+        if ratio > gradient_noise.TARGET_RATIO:
+            return step_size * gradient_noise.TARGET_RATIO / ratio
+        return step_size
+
+    def gradient_noise_terms(self, variance: torch.Tensor, step_size: float
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per coordinate, the noise ratio and the relative excess temperature of a step of
+        ``step_size`` (:mod:`~pyro_flat.infer.mcmc.gradient_noise`)."""
+        terms = {"step_size": step_size, "temperature": self.temperature,
+                 "inverse_mass": None if self.metric is None else self.metric.inverse_mass,
+                 "friction": self.momentum_friction(), "correction": self.noise_correction()}
+        return (gradient_noise.noise_ratio(variance, **terms),
+                gradient_noise.temperature_excess(variance, **terms))
+
+    def momentum_friction(self) -> float | None:
+        """The friction of an underdamped update (``None``: a Langevin update)."""
+        return None
+
+    def noise_correction(self) -> float | torch.Tensor:
+        r"""The update's gradient-noise correction :math:`\hat B` (0: none)."""
+        return 0.0
+
+    def chosen_noise_correction(self) -> torch.Tensor | None:
+        r"""The per-coordinate :math:`\hat B` warmup chose (``None``: none chosen)."""
+        return None
+
+    def load_noise_correction(self, friction: float, correction: torch.Tensor) -> None:
+        """Continue with the friction and noise correction a checkpoint's warmup chose."""
+        raise ValueError(f"{type(self).__name__} has no noise correction to load")
+
+    def restore_friction(self) -> None:
+        """Undo what an earlier estimate chose for the friction (SGHMC overrides)."""
+
+    def steps_for_next_draw(self) -> int:
+        """How many SG steps the next call of ``sample`` runs."""
+        return self.warmup.steps_for_next_draw()
 
     #: Defaults of this kernel's statistics until they are known (others: NaN).
     stat_defaults: dict[str, Any] = {}
@@ -469,7 +521,7 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         self.aux_generator = torch.Generator(device=device)
         self.aux_generator.manual_seed(seeds[0])
         saved, self._resume_state = self._resume_state, None
-        self._reset_adaptation()
+        self.warmup.reset()
         #: ``(SG steps, fingerprint of the position)`` of the checkpoint this run continues.
         self.resumed_from: tuple[int, str] | None = None
         if saved is not None:
@@ -483,7 +535,7 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
             z = (z[0] if k is None else z).to(layout.flat_dtype(inits))  # the widest
             self._t = 0
             self.state = KernelState.create(z, self.state_fields)
-        self._plan_adaptation(warmup_steps, z)
+        self.warmup.plan(warmup_steps, z)
         self._user_initial_params = None
         self._z = z
         self._z_finite = z.detach().clone()
@@ -589,9 +641,9 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
             self._load_draw(params)
         k = self.vectorized_chains
         self._diverged = False if k is None else torch.zeros(k, dtype=torch.bool)
-        self._warmup_boundaries()
+        self.warmup.at_draw_start()
         step = self._sg_step if k is None else self._sg_step_chains
-        thinning = self._recording_thinning()
+        thinning = self.warmup.step_recorder()
         for _ in range(self.steps_for_next_draw()):
             step()
             if thinning is not None:
@@ -629,19 +681,7 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
             # of a streamed run grow with its draws again
             out["sample_stats"] = {}
             out["sample_stats_in"] = self.recorder.released_to
-        if self._adaptation_log:
-            out["step_size_adaptation"] = [dict(r) for r in self._adaptation_log]
-        if self._noise_log:
-            out["gradient_noise"] = dict(self._noise_log[-1])
-        if self._steps_per_sample_chosen is not None:
-            out["num_steps_per_sample"] = self._steps_per_sample_chosen
-        tau = self._autocorrelation_time if self._thinning is None else None
-        if tau is not None or self.auto_thinning:
-            out["autocorrelation_time"] = tau
-        if self.metric is not None:
-            out["inverse_mass"] = {
-                k: v.clone() for k, v in self.target.site_views(self.metric.inverse_mass).items()
-            }
+        out.update(self.warmup.diagnostics())
         if self.vectorized_chains is not None:
             out["vectorized_chains"] = self.vectorized_chains
         return out
@@ -657,8 +697,7 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         self.complete_last_draw()
         callbacks, self._end_of_run_callbacks = self._end_of_run_callbacks, []
         try:
-            self._warn_if_hot()
-            self._warn_if_thinned_too_little()
+            self.warmup.warn_at_end()
             self._rng_at_end = (self._t, pyro.util.get_rng_state())
             if self.chain_streams is not None:
                 self._chain_rng_at_end = (self._t, self.chain_streams.get_state())
@@ -720,7 +759,7 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
     @property
     def base_step_size(self) -> float | None:
         """``step_size``, or the one warmup chose when it was omitted."""
-        return self.step_size if self.step_size is not None else self._adapted_step_size
+        return self.step_size if self.step_size is not None else self.warmup.step_size
 
     def current_step_size(self) -> float:
         """The step size of the next SG step."""
@@ -756,9 +795,8 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         self._step_stats = estimate.stats
         if finite:
             self._z_finite.copy_(self._z)
-            if self._moment_sum is not None:
-                self._moment_sum.addcmul_(estimate.grad, estimate.grad)
-                self._moment_count += 1
+            if self.warmup.collects_moments:
+                self.warmup.accumulate(estimate.grad)
             self.update(self.state, estimate, eps)
             self._nonfinite = 0
         else:
@@ -798,9 +836,8 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
         state = self.state
         if all_finite:
             self._z_finite.copy_(self._z)
-            if self._moment_sum is not None:
-                self._moment_sum.addcmul_(estimate.grad, estimate.grad)
-                self._moment_count += 1
+            if self.warmup.collects_moments:
+                self.warmup.accumulate(estimate.grad)
             self.update(state, estimate, eps)
             self._nonfinite.zero_()
         else:
@@ -814,9 +851,8 @@ class SGMCMCKernel(WarmupAdaptation, Checkpoints, MCMCKernel):
                 raise RuntimeError(self._divergence_message(float(estimate.energy[c]),
                                                             estimate.grad[c], c))
             self._z_finite[finite] = self._z[finite]
-            if self._moment_sum is not None:
-                self._moment_sum[finite] += estimate.grad[finite].square()
-                self._moment_count += finite.unsqueeze(-1).to(self._moment_sum.dtype)
+            if self.warmup.collects_moments:
+                self.warmup.accumulate(estimate.grad, finite)
             kept = {f.name: getattr(state, f.name)[bad].clone() for f in state.fields
                     if f.persistent and _has_chain_rows(getattr(state, f.name), len(bad))}
             self.active_chains = finite

@@ -10,7 +10,6 @@ import numpy as np
 import pyro.util
 import torch
 
-from pyro_flat.infer.mcmc.adaptation import DiagonalMetric
 from pyro_flat.infer.mcmc.state import KernelState
 
 #: Checkpoint format: 2 names the kernel state's fields (``state_fields``); 1, the format
@@ -72,28 +71,13 @@ class Checkpoints:
             "rng": portable_rng_state(self._rng_for_checkpoint()),
             "aux_rng": self.aux_generator_state(),
             "chain_rng": None if self.chain_streams is None else self._chain_rng_for_checkpoint(),
-            "adaptation": self._adaptation_state(),
+            "adaptation": self.warmup.state_dict(),
         }
 
     def position_fingerprint(self) -> str:
         """:func:`state_fingerprint` of the chain's position now (after a run: the position
         its checkpoint holds)."""
         return state_fingerprint(self.position)
-
-    def _adaptation_state(self) -> dict[str, Any] | None:
-        if (self._adapted_step_size is None and self._steps_per_sample_chosen is None
-                and not self._noise_log):
-            return None
-        correction = getattr(self, "_correction", None)
-        return {
-            "step_size": self._adapted_step_size,
-            "inverse_mass": None if self.metric is None else self.metric.inverse_mass.clone(),
-            "log": [dict(r) for r in self._adaptation_log],
-            "num_steps_per_sample": self._steps_per_sample_chosen,
-            "gradient_noise": [dict(r) for r in self._noise_log],
-            "friction": self.momentum_friction(),
-            "noise_correction": None if correction is None else correction.clone(),
-        }
 
     def aux_generator_state(self) -> torch.Tensor:
         """State of ``aux_generator`` for a checkpoint (a kernel that draws ahead overrides)."""
@@ -144,14 +128,5 @@ class Checkpoints:
             self.chain_streams.set_state(state["chain_rng"])
         adapted = state.get("adaptation")  # absent from checkpoints written before adaptation
         if adapted is not None:
-            self._adapted_step_size = adapted["step_size"]
-            if adapted["inverse_mass"] is not None:
-                self.metric = DiagonalMetric(adapted["inverse_mass"].clone(),
-                                             adapted["inverse_mass"].sqrt())
-            self._adaptation_log = [dict(r) for r in adapted["log"]]
-            self._steps_per_sample_chosen = adapted.get("num_steps_per_sample")
-            self._noise_log = [dict(r) for r in adapted.get("gradient_noise", [])]
-            if adapted.get("noise_correction") is not None:
-                self.friction = adapted["friction"]
-                self._correction = adapted["noise_correction"].clone()
+            self.warmup.load_state_dict(adapted)
         return z

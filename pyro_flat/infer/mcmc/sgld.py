@@ -144,8 +144,14 @@ class SGHMC(SGMCMCKernel):
     def noise_correction(self) -> float | torch.Tensor:
         return self.noise_estimate if self._correction is None else self._correction
 
-    def _restore_friction(self) -> None:
+    def restore_friction(self) -> None:
         self.friction, self._correction, self._correction_scale = self._given_friction, None, None
+
+    def chosen_noise_correction(self) -> torch.Tensor | None:
+        return self._correction
+
+    def load_noise_correction(self, friction: float, correction: torch.Tensor) -> None:
+        self.friction, self._correction = friction, correction
 
     def fit_gradient_noise(self, step_size: float, curvature: float,
                            variance: torch.Tensor) -> float:

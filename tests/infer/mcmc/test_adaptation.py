@@ -136,12 +136,12 @@ def test_curvature_is_that_of_the_whole_potential():
     z = kernel.position.detach().clone()
     hessian = torch.autograd.functional.hessian(potential, z)
     exact = float(torch.linalg.eigvalsh(hessian).abs().max())
-    assert kernel.top_curvature() == pytest.approx(exact, rel=1e-3)
+    assert kernel.warmup.top_curvature() == pytest.approx(exact, rel=1e-3)
     p = torch.linspace(0.2, 3.0, len(z), dtype=torch.float64)
     kernel.metric = DiagonalMetric(p, p.sqrt())
     scaled = p.sqrt()[:, None] * hessian * p.sqrt()[None, :]
     exact = float(torch.linalg.eigvalsh(scaled).abs().max())
-    assert kernel.top_curvature() == pytest.approx(exact, rel=1e-3)
+    assert kernel.warmup.top_curvature() == pytest.approx(exact, rel=1e-3)
 
 
 def test_top_curvature_is_the_largest_precision():
@@ -286,7 +286,7 @@ def test_curvature_estimates_leave_batchnorm_statistics_alone():
     harness.run(kernel, 1, 1, 0, x, y)  # one estimate and one SG step
     bn = net[1] if not hasattr(model.net, "1") else model.net[1]
     before = (bn.running_mean.clone(), bn.running_var.clone(), int(bn.num_batches_tracked))
-    kernel.top_curvature()
+    kernel.warmup.top_curvature()
     assert torch.equal(bn.running_mean, before[0]) and torch.equal(bn.running_var, before[1])
     assert int(bn.num_batches_tracked) == before[2]
 
