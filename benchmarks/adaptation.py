@@ -54,7 +54,7 @@ from pyro.infer import MCMC, NUTS
 from sklearn.datasets import load_diabetes
 
 from pyro_flat.bnn import BNN
-from pyro_flat.diagnostics import to_arviz
+from pyro_flat.export import to_arviz
 from pyro_flat.infer import SGHMC, SGLD, EntropyMCMC
 from pyro_flat.likelihoods import HeteroskedasticGaussian, HomoskedasticGaussian
 

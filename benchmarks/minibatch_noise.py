@@ -57,7 +57,7 @@ from pyro.nn import PyroModule, PyroSample
 from sklearn.datasets import load_diabetes
 
 from pyro_flat.bnn import BNN
-from pyro_flat.diagnostics import to_arviz
+from pyro_flat.export import to_arviz
 from pyro_flat.infer import L2E, SASGLD, SGHMC, SGLD, ContourSGLD, EntropyMCMC
 from pyro_flat.likelihoods import HomoskedasticGaussian
 

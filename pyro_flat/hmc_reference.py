@@ -22,6 +22,7 @@ Scoring a method against the reference, here with made-up draws in place of NUTS
 >>> import torch
 >>> from pyro_flat import metrics
 >>> from pyro_flat.bnn import BNN
+from pyro_flat.diagnostics import bulk_ess, split_rhat
 >>> from pyro_flat.hmc_reference import reference_predictive
 >>> from pyro_flat.likelihoods import Categorical
 >>> model = BNN(torch.nn.Linear(2, 3), Categorical())  # multinomial logistic regression
@@ -47,7 +48,6 @@ in Bayesian deep learning. NeurIPS 2021 Competitions and Demonstrations Track, P
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -63,152 +63,24 @@ import torch
 from pyro.distributions.torch_distribution import ExpandedDistribution, MaskedDistribution
 from pyro.infer import MCMC, NUTS, Predictive
 from pyro.infer.autoguide.initialization import init_to_sample
-from pyro.ops.stats import gelman_rubin
-from scipy import stats
 
 from pyro_flat import likelihoods, validation
 from pyro_flat.bnn import BNN
+from pyro_flat.diagnostics import bulk_ess, split_rhat
 from pyro_flat.predictive import bma_probs
 from pyro_flat.target.sites import latent_sites
 
 __all__ = [
     "HMCReference",
     "ReferenceWarning",
-    "bulk_ess",
     "hmc_reference",
     "reference_predictive",
-    "split_rhat",
 ]
 
 
 class ReferenceWarning(UserWarning):
     """The HMC reference failed its convergence checks: scores against it are not to be
     trusted."""
-
-
-# ----------------------------------------------------------------------------- diagnostics
-
-
-def _chains(draws: torch.Tensor, name: str = "draws") -> torch.Tensor:
-    """``draws`` (num_chains, num_draws, *shape) as float64 (num_chains, num_draws, K)."""
-    if not torch.is_tensor(draws) or draws.dim() < 2 or draws.shape[1] < 4:
-        got = tuple(draws.shape) if torch.is_tensor(draws) else type(draws).__name__
-        raise ValueError(f"{name} must be a tensor of shape (num_chains, num_draws >= 4, ...), "
-                         f"got {got}")
-    x = draws.detach().to("cpu", torch.float64)
-    return x.reshape(x.shape[0], x.shape[1], -1)
-
-
-def _split(x: torch.Tensor) -> torch.Tensor:
-    """Each chain cut into its first and last halves (the middle draw of an odd count
-    dropped): (C, N, K) -> (2 C, N // 2, K)."""
-    half = x.shape[1] // 2
-    return torch.cat([x[:, :half], x[:, x.shape[1] - half:]])
-
-
-def _rank_normalise(x: torch.Tensor) -> torch.Tensor:
-    """``Phi^-1((r - 3/8) / (S + 1/4))`` of the ranks ``r`` (ties averaged) of all ``S`` draws
-    of each column pooled over chains (Blom's offsets, as Vehtari et al. 2021)."""
-    c, n, k = x.shape
-    ranks = stats.rankdata(x.reshape(c * n, k).numpy(), axis=0, method="average")
-    z = stats.norm.ppf((ranks - 0.375) / (c * n + 0.25))
-    return torch.from_numpy(np.ascontiguousarray(z)).reshape(c, n, k)
-
-
-def split_rhat(draws: torch.Tensor) -> torch.Tensor:
-    r"""Rank-normalised split R-hat of each element of a parameter (Vehtari et al. 2021).
-
-    The chains are split in halves; the draws pooled over all half-chains are replaced by
-    the normal scores of their ranks, and the Gelman-Rubin statistic
-    :math:`\hat R = \sqrt{(\frac{N-1}{N} W + B / N) / W}` (``W`` the mean within-chain
-    variance, ``B / N`` the variance of the chain means, ``N`` draws per half-chain) is
-    computed on them, and again on the folded draws :math:`|\theta - \mathrm{median}|` (which
-    catches chains that differ in scale only); the larger is returned. Values near 1 say the
-    chains agree; Vehtari et al. recommend :math:`\hat R < 1.01`. It is ``nan`` for an element
-    whose draws are all equal, and ``inf`` if the chains are stuck at different values.
-
-    Parameters
-    ----------
-    draws : torch.Tensor
-        ``(num_chains, num_draws, *shape)`` draws, ``num_draws >= 4``, as
-        ``mcmc.get_samples(group_by_chain=True)[site]``.
-
-    Returns
-    -------
-    torch.Tensor
-        float64 R-hat of shape ``shape``.
-    """
-    split = _split(_chains(draws))
-    median = np.median(split.reshape(-1, split.shape[-1]).numpy(), axis=0)
-    folded = (split - torch.from_numpy(median)).abs()
-    with np.errstate(divide="ignore", invalid="ignore"):
-        bulk = gelman_rubin(_rank_normalise(split))
-        tail = gelman_rubin(_rank_normalise(folded))
-    return torch.fmax(bulk, tail).reshape(draws.shape[2:])
-
-
-def _ess(z: torch.Tensor) -> torch.Tensor:
-    """Stan's effective sample size of the columns of (C, N, K) chains (Vehtari et al. 2021,
-    eq. 10-13; as ArviZ's ``_ess``), vectorised over K.
-
-    Autocorrelations :math:`\\hat\\rho_t = 1 - (W - \\bar\\gamma_t) / \\widehat{var}^+`
-    from the chains' autocovariances :math:`\\gamma_t` (sums of lag-``t`` products over
-    ``N``, by FFT; Pyro's ``autocovariance`` divides by ``N - t`` instead); Geyer's initial
-    positive sequence of pair sums :math:`P_j = \\hat\\rho_{2j} + \\hat\\rho_{2j+1}`,
-    truncated before the first :math:`P_{j^*} \\le 0` (or at the last pair, ``j_max =
-    (N - 3) // 2``), made monotone (running minimum), :math:`\\hat\\tau = -1 + 2 \\sum_{j < j^*} P_j
-    + \\max(\\hat\\rho_{2 j^*}, 0)`, and ``ESS = C N / max(tau, 1 / log10(C N))``.
-    """
-    c, n, k = z.shape
-    centred = z - z.mean(1, keepdim=True)
-    spectrum = torch.fft.rfft(centred, n=2 * n, dim=1)
-    acov = torch.fft.irfft(spectrum.abs() ** 2, n=2 * n, dim=1)[:, :n] / n  # (C, N, K)
-    mean_var = acov[:, 0].mean(0) * n / (n - 1)  # W, the mean within-chain variance
-    var_plus = mean_var * (n - 1) / n
-    if c > 1:
-        var_plus = var_plus + z.mean(1).var(0)
-    rho = 1 - (mean_var - acov.mean(0)) / var_plus  # (N, K)
-    rho[0] = 1.0
-    j_max = (n - 3) // 2
-    total = c * n
-    if j_max < 1:
-        tau = torch.zeros(k, dtype=z.dtype)
-    else:
-        pairs = rho[: 2 * (j_max + 1)].reshape(j_max + 1, 2, k).sum(1)  # P_0 .. P_jmax
-        j = torch.arange(j_max + 1).unsqueeze(1)
-        stop = torch.where((pairs <= 0) & (j >= 1), j, j_max + 1).min(0).values
-        stop = stop.clamp(max=j_max)  # j*: the first P_j <= 0, else the last pair computed
-        monotone = pairs.cummin(0).values
-        kept = (monotone * (j < stop)).sum(0)
-        extra = rho[2 * stop, torch.arange(k)].clamp(min=0.0)
-        tau = -1 + 2 * kept + extra
-    return total / tau.clamp(min=1 / math.log10(total))
-
-
-def bulk_ess(draws: torch.Tensor) -> torch.Tensor:
-    r"""Bulk effective sample size of each element of a parameter (Vehtari et al. 2021).
-
-    Stan's effective sample size over all chains (Geyer's initial monotone sequence with
-    the last-pair correction, as ArviZ's ``ess(method="bulk")``) of the rank-normalised split
-    chains of :func:`split_rhat`: how many independent draws would estimate the centre of the
-    distribution as well. Vehtari et al. recommend at least 100 per chain. It is capped at
-    :math:`S \log_{10} S` for ``S`` draws in all, as ArviZ does (antithetic chains, common
-    with NUTS, can exceed ``S``).
-
-    Parameters
-    ----------
-    draws : torch.Tensor
-        ``(num_chains, num_draws, *shape)`` draws, ``num_draws >= 4``.
-
-    Returns
-    -------
-    torch.Tensor
-        float64 ESS of shape ``shape``.
-    """
-    z = _rank_normalise(_split(_chains(draws)))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ess = _ess(z)
-    return ess.reshape(draws.shape[2:])
 
 
 # ------------------------------------------------------------------------------- reference
@@ -223,7 +95,8 @@ class HMCReference:
     samples_by_chain : dict of str to torch.Tensor
         ``{site: (num_chains, num_samples, *site_shape)}`` in the constrained space.
     rhat, ess_bulk : dict of str to torch.Tensor
-        :func:`split_rhat` and :func:`bulk_ess` of each element of each site.
+        :func:`~pyro_flat.diagnostics.split_rhat` and :func:`~pyro_flat.diagnostics.bulk_ess`
+        of each element of each site.
     divergences : list of int
         Divergent transitions after warm-up, per chain.
     chain_seeds : list of int
@@ -306,7 +179,8 @@ def hmc_reference(
     threads competing for the cores.
 
     Then, for every element of every site, the rank-normalised split R-hat
-    (:func:`split_rhat`) and bulk ESS (:func:`bulk_ess`) over the chains. The reference is
+    (:func:`~pyro_flat.diagnostics.split_rhat`) and bulk ESS
+    (:func:`~pyro_flat.diagnostics.bulk_ess`) over the chains, by ArviZ. The reference is
     flagged (``converged=False``, the reasons in ``problems``) if ``max R-hat > max_rhat``,
     ``min bulk ESS < min_ess`` (either being ``nan`` counts), or a chain diverged more than
     ``max_divergences`` times; ``on_failure`` says what else happens.
@@ -366,6 +240,7 @@ def hmc_reference(
     --------
     >>> import torch
     >>> from pyro_flat.bnn import BNN
+from pyro_flat.diagnostics import bulk_ess, split_rhat
     >>> from pyro_flat.likelihoods import HomoskedasticGaussian
     >>> x = torch.linspace(-1, 1, 10).unsqueeze(1); y = 2 * x.squeeze(1)
     >>> model = BNN(torch.nn.Linear(1, 1), HomoskedasticGaussian(scale=0.5))  # linear

@@ -1,24 +1,20 @@
-"""The HMC reference against a posterior known in closed form, its diagnostics against ArviZ."""
+"""The HMC reference against a posterior known in closed form."""
 
 import math
 import warnings
 
-import numpy as np
 import pyro
 import pyro.distributions as dist
 import pytest
 import torch
-from arviz_compat import ARVIZ_1
 from pyro.ops.stats import effective_sample_size
 
 from pyro_flat.bnn import BNN
 from pyro_flat.hmc_reference import (
     HMCReference,
     ReferenceWarning,
-    bulk_ess,
     hmc_reference,
     reference_predictive,
-    split_rhat,
 )
 from pyro_flat.likelihoods import Bernoulli, Categorical, HomoskedasticGaussian
 
@@ -163,47 +159,6 @@ def test_an_unconverged_reference_is_flagged_and_warned_about():
     assert diverged.problems[-1].startswith("divergent transitions per chain")
     unchecked = _tiny_run(0, max_divergences=None, **wild)
     assert not any(p.startswith("divergent") for p in unchecked.problems)
-
-
-def _ar1(rng, chains, draws, phi, k, shift=0.0):
-    x = np.zeros((chains, draws, k))
-    e = rng.standard_normal((chains, draws, k))
-    for t in range(1, draws):
-        x[:, t] = phi * x[:, t - 1] + e[:, t]
-    return x + shift * np.arange(chains)[:, None, None]
-
-
-@pytest.mark.skipif(ARVIZ_1, reason="compares with ArviZ 0.x's rhat/ess on arrays")
-def test_split_rhat_and_bulk_ess_match_arviz():
-    """Both to rounding, on iid, autocorrelated, antithetic (ESS capped at S log10 S),
-    shifted, rescaled and tied chains."""
-    import arviz as az
-
-    rng = np.random.default_rng(0)
-    cases = [rng.standard_normal((4, 200, 3)), _ar1(rng, 4, 301, 0.9, 3),
-             _ar1(rng, 2, 200, -0.5, 2), _ar1(rng, 3, 100, 0.5, 2, shift=0.5),
-             rng.standard_normal((2, 100, 2)) * np.array([1.0, 3.0])[:, None, None],
-             rng.integers(0, 3, (4, 50, 2)).astype(float)]
-    for x in cases:
-        data = az.convert_to_dataset({"a": x})
-        rhat = split_rhat(torch.from_numpy(x)).numpy()
-        ess = bulk_ess(torch.from_numpy(x)).numpy()
-        np.testing.assert_allclose(rhat, az.rhat(data, method="rank")["a"].values, rtol=1e-10)
-        np.testing.assert_allclose(ess, az.ess(data, method="bulk")["a"].values, rtol=1e-8)
-    # shapes follow the site: (chains, draws, 2, 3) -> (2, 3)
-    assert split_rhat(torch.randn(2, 20, 2, 3)).shape == bulk_ess(torch.randn(2, 20, 2, 3)).shape \
-        == (2, 3)
-
-
-def test_diagnostics_of_degenerate_chains():
-    constant = torch.ones(2, 10, 1)
-    stuck = torch.stack([torch.zeros(10, 1), torch.ones(10, 1)])
-    assert math.isnan(float(split_rhat(constant))) and math.isnan(float(bulk_ess(constant)))
-    assert math.isinf(float(split_rhat(stuck)))
-    with pytest.raises(ValueError, match=r"num_draws >= 4"):
-        split_rhat(torch.zeros(2, 3))
-    with pytest.raises(ValueError, match=r"draws must be a tensor"):
-        bulk_ess(np.zeros((2, 10)))
 
 
 def test_reference_predictive_of_classifiers():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -145,14 +145,20 @@ class Fit:
 
 @dataclass(frozen=True)
 class Method:
-    """One method of ``compare``: its name, one line for ``--help``, and its runner.
+    """One method of ``compare``, whole: its name, one line for ``--help``, its runner (the
+    method's builder and post-processing composed, e.g. :func:`pyro_flat.compare.mcmc.kernel`),
+    the grid ``--tune`` searches and the baselines its paired differences are taken against.
 
-    ``cost`` only orders the work when methods run in parallel (the costliest first).
+    ``search`` maps :class:`~pyro_flat.compare.config.Settings` fields to factors of their
+    defaults (the candidates are the product, :data:`~pyro_flat.compare.tuning.CANDIDATES` of
+    them). ``cost`` only orders the work when methods run in parallel (the costliest first).
     """
 
     name: str
     summary: str
     run: Callable[[str, Context], Fit]
+    search: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    baselines: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     cost: float = 1.0  # rough time per gradient evaluation, relative to SGLD (scheduling)
     grads_per_step: int = 1  # gradient evaluations per SG step (2 for sharpness-aware steps)
@@ -161,6 +167,13 @@ class Method:
 def stack_draws(draws: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """``[{site: tensor}, ...]`` as ``{site: tensor(num_draws, ...)}``."""
     return {k: torch.stack([d[k].detach() for d in draws]) for k in draws[0]}
+
+
+#: Search grids (``Method.search``) several methods share: four step sizes, two step sizes
+#: times two radii, four SVI learning rates.
+LR4 = {"lr": (0.25, 0.5, 1.0, 2.0)}
+LR_RHO = {"lr": (0.5, 1.0), "rho": (0.2, 1.0)}
+SVI_LR4 = {"svi_lr": (0.3, 1.0, 3.0, 10.0)}
 
 
 #: The prefix of the network's sites in :meth:`Context.bnn` (``BNN`` holds it as ``net``).

@@ -9,14 +9,24 @@ members are the draws of the model average.
 
 from __future__ import annotations
 
-from pyro_flat.compare.common import Context, Fit, Method, point_draws, stack_draws
+from functools import partial
+
+from pyro_flat.compare.common import (
+    LR4,
+    LR_RHO,
+    Context,
+    Fit,
+    Method,
+    point_draws,
+    stack_draws,
+)
 from pyro_flat.compare.sgd import train_map
 
 
-def run_ensemble(method: str, ctx: Context) -> Fit:
+def run_ensemble(method: str, ctx: Context, *, sam: bool = False) -> Fit:
+    """Train the members as the SGD reference (``sam``: with SAM) from their own starts."""
     import pyro
 
-    sam = method == "ensemble-sam"
     members = ctx.plan.ensemble_size
     steps = max(ctx.plan.steps // (members * ctx.plan.divisor(2 if sam else 1)), 1)
     pyro.set_rng_seed(ctx.seed)
@@ -36,8 +46,9 @@ def run_ensemble(method: str, ctx: Context) -> Fit:
 METHODS = [
     Method("ensemble", "deep ensemble: the budget split among its members, each the SGD "
            "reference from its own initialisation (Lakshminarayanan et al. 2017)", run_ensemble,
-           aliases=("ensembles", "deep-ensemble")),
+           search=LR4, aliases=("ensembles", "deep-ensemble")),
     Method("ensemble-sam", "F-deep-ensemble: the same members trained with SAM (rho 0.05, two "
-           "gradients per step) (Nguyen et al. 2023)", run_ensemble,
-           aliases=("f-ensemble", "ensembles-sam"), grads_per_step=2),
+           "gradients per step) (Nguyen et al. 2023)", partial(run_ensemble, sam=True),
+           search=LR_RHO, baselines=("ensemble",), aliases=("f-ensemble", "ensembles-sam"),
+           grads_per_step=2),
 ]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from pyro_flat.compare.common import Context, Fit, Method
+from pyro_flat.compare.common import LR4, LR_RHO, Context, Fit, Method
 from pyro_flat.compare.config import (
     ENTROPY_AUTHORS_DRAWS_PER_CYCLE,
     ENTROPY_AUTHORS_TEMPERATURE,
@@ -127,14 +127,15 @@ def _l2e(model: BNN, ctx: Context) -> Built:
     return kernel, p.num_draws, p.warmup_draws, 1
 
 
-BUILDERS: dict[str, Callable[[BNN, Context], Built]] = {
-    "sgld": _sgld, "sghmc": _sghmc, "csgld": _csgld, "entropy": _entropy, "sasgld": _sasgld,
-    "contour": _contour, "l2e": _l2e,
-}
+#: A method's post-processing of its run: ``(ctx, samples, idata) -> (samples, idata,
+#: weights, notes)``.
+Finish = Callable[[Context, dict, Any], tuple[dict, Any, Any, dict]]
 
 
-def run_kernel(method: str, ctx: Context) -> Fit:
-    """Sample with the kernel of ``method``; the draws, the ArviZ export and the step count."""
+def run_kernel(method: str, ctx: Context, build: Callable[[BNN, Context], Built],
+               finish: Finish | None = None) -> Fit:
+    """Sample with the kernel ``build`` makes; the draws (after ``finish``), the ArviZ export
+    and the step count."""
     import pyro
     from pyro.infer import MCMC
 
@@ -143,7 +144,7 @@ def run_kernel(method: str, ctx: Context) -> Fit:
     pyro.clear_param_store()
     pyro.set_rng_seed(ctx.seed)
     model = ctx.bnn()
-    kernel, num_samples, warmup, grads_per_step = BUILDERS[method](model, ctx)
+    kernel, num_samples, warmup, grads_per_step = build(model, ctx)
     per_draw = getattr(kernel, "num_steps_per_sample", 1) * grads_per_step
     bar = ctx.progress(per_draw * (num_samples + warmup), method)
     last = [0]
@@ -164,7 +165,19 @@ def run_kernel(method: str, ctx: Context) -> Fit:
     # that arviz.compare ranks the methods by their predictive accuracy on held-out data
     idata = to_arviz(mcmc, model=model, model_args=(ctx.data.x_test, ctx.data.y_test))
     weights, notes = None, {}
-    if method == "entropy" and ctx.settings.protocol == "authors":  # draws at the cycle ends
+    if finish is not None:
+        samples, idata, weights, notes = finish(ctx, samples, idata)
+    return Fit(model.net, samples, kernel.num_steps * grads_per_step, idata=idata, weights=weights,
+               notes=notes)
+
+
+def _entropy_draws(ctx: Context, samples: dict, idata: Any) -> tuple[dict, Any, Any, dict]:
+    """EntropyMCMC's model average, as the authors take it: theta and theta_a draws (with
+    ``--protocol authors``, the draws at the ends of the cycles)."""
+    from pyro_flat.infer.mcmc.entropy import select_draws
+
+    notes: dict[str, Any] = {}
+    if ctx.settings.protocol == "authors":
         p = ctx.plan
         keep = cycle_end_draws(p.num_draws, p.draws_per_cycle, ENTROPY_AUTHORS_DRAWS_PER_CYCLE)
         samples = {k: v[keep] for k, v in samples.items()}
@@ -173,41 +186,50 @@ def run_kernel(method: str, ctx: Context) -> Fit:
                  "schedule": (f"cosine cycles of {p.cycle_length} steps from "
                               f"{2 * ctx.settings.lr:g}/N"),
                  "draws_per_cycle": len(keep) // max(p.num_cycles - p.warmup_cycles, 1)}
-    if method == "entropy":  # the authors' model average: theta and theta_a draws
-        from pyro_flat.infer.mcmc.entropy import select_draws
+    return select_draws(samples, "both"), idata, None, notes
 
-        samples = select_draws(samples, "both")
-    if method == "contour":  # importance weights back to the posterior: softmax(log_weight)
-        import torch
 
-        from pyro_flat.infer.mcmc.contour import weights_ess, weights_ess_threshold
+def _contour_weights(ctx: Context, samples: dict, idata: Any) -> tuple[dict, Any, Any, dict]:
+    """ContourSGLD's importance weights back to the posterior, ``softmax(log_weight)``, with
+    their effective sample size (the kernel warns below its threshold)."""
+    import torch
 
-        log_w = torch.as_tensor(idata.sample_stats["log_weight"].values).reshape(-1)
-        weights = torch.softmax(log_w.double(), 0)
-        # the kernel's own figure (diagnostics()["weights_ess"]; it warns below the threshold)
-        notes["weights_ess"] = round(float(weights_ess(log_w)), 2)
-        notes["weights_ess_of"] = len(log_w)
-        notes["weights_ess_threshold"] = weights_ess_threshold(len(log_w))
-    return Fit(model.net, samples, kernel.num_steps * grads_per_step, idata=idata, weights=weights,
-               notes=notes)
+    from pyro_flat.infer.mcmc.contour import weights_ess, weights_ess_threshold
+
+    log_w = torch.as_tensor(idata.sample_stats["log_weight"].values).reshape(-1)
+    notes = {"weights_ess": round(float(weights_ess(log_w)), 2),
+             "weights_ess_of": len(log_w),
+             "weights_ess_threshold": weights_ess_threshold(len(log_w))}
+    return samples, idata, torch.softmax(log_w.double(), 0), notes
+
+
+def kernel(build: Callable[[BNN, Context], Built], finish: Finish | None = None
+           ) -> Callable[[str, Context], Fit]:
+    """A method's runner: :func:`run_kernel` with its kernel builder and post-processing."""
+    return partial(run_kernel, build=build, finish=finish)
 
 
 METHODS = [
-    Method("sgld", "SGLD, step_size = lr/N (Welling & Teh 2011)", run_kernel),
+    Method("sgld", "SGLD, step_size = lr/N (Welling & Teh 2011)", kernel(_sgld), search=LR4),
     Method("sghmc", "SGHMC = SGD with momentum 0.9 at rate lr*(1-0.9) plus noise "
-           "(Chen et al. 2014)", run_kernel),
+           "(Chen et al. 2014)", kernel(_sghmc), search=LR4),
     Method("csgld", "cyclical SGLD: cosine cycles from 2*lr/N, first 80% of each cycle "
-           "noiseless, draws at the end of each cycle (Zhang et al. 2020)", run_kernel,
-           aliases=("cyclical-sgld", "cyclicalsgld", "cyclical_sgld")),
+           "noiseless, draws at the end of each cycle (Zhang et al. 2020)", kernel(_csgld),
+           search=LR4, aliases=("cyclical-sgld", "cyclicalsgld", "cyclical_sgld")),
     Method("entropy", "EntropyMCMC: SGLD coupled to a guiding copy, eta = 40*lr/N; "
            "averages theta and guide draws; with --protocol authors cosine cycles at T = 1e-4, "
-           "2 draws at the end of each cycle (Li & Zhang 2024)", run_kernel),
+           "2 draws at the end of each cycle (Li & Zhang 2024)",
+           kernel(_entropy, _entropy_draws),
+           search={"lr": (0.5, 1.0), "entropy_step_over_eta": (0.1, 1.0)},
+           baselines=("sgld", "csgld")),
     Method("sasgld", "sharpness-aware SGLD, rho = 0.05, two gradients per step "
-           "(Nguyen et al. 2023)", run_kernel, grads_per_step=2),
+           "(Nguyen et al. 2023)", kernel(_sasgld), search=LR_RHO, baselines=("sgld",),
+           grads_per_step=2),
     Method("contour", f"ContourSGLD: SGLD on the flattened target, {CONTOUR_BINS} energy "
            f"bins from warmup, zeta = {Settings.contour_zeta}; reweighted draws "
-           "(Deng et al. 2020)",
-           run_kernel),
+           "(Deng et al. 2020)", kernel(_contour, _contour_weights),
+           search={"lr": (0.5, 1.0), "contour_zeta": (1.0, 4.0)}, baselines=("sgld",)),
     Method("l2e", "L2E: the meta-learned sampler with its shipped meta-parameters, step "
-           "sqrt(2/N), friction 0.1 (Kim et al. 2024)", run_kernel, cost=4.0),
+           "sqrt(2/N), friction 0.1 (Kim et al. 2024)", kernel(_l2e),
+           search={"l2e_step_mult": (0.25, 0.5, 1.0, 2.0)}, cost=4.0),
 ]

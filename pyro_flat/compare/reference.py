@@ -113,7 +113,8 @@ def run_hmc(method: str, ctx: Context) -> Fit:
     (chains seeded from ``ctx.seed``); its draws, and its diagnostics as the fit's notes."""
     import pyro
 
-    from pyro_flat.hmc_reference import hmc_reference, split_rhat
+    from pyro_flat.diagnostics import split_rhat
+    from pyro_flat.hmc_reference import hmc_reference
 
     data = ctx.data
     pyro.clear_param_store()

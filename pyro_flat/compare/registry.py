@@ -2,14 +2,16 @@
 
 Each family file (:mod:`~pyro_flat.compare.mcmc`, :mod:`~pyro_flat.compare.svi`,
 :mod:`~pyro_flat.compare.swag`, :mod:`~pyro_flat.compare.ensemble`,
-:mod:`~pyro_flat.compare.sgd`) lists its :class:`~pyro_flat.compare.common.Method` s; a new
-method is a runner and one entry there (a new family: a new file added to ``FAMILIES``).
+:mod:`~pyro_flat.compare.sgd`) lists its :class:`~pyro_flat.compare.common.Method` s, each
+whole (runner, search grid, baselines); a new method is one entry there (a new family: a new
+file added to ``FAMILIES``).
 """
 
 from __future__ import annotations
 
 from pyro_flat.compare import ensemble, mcmc, reference, sgd, svi, swag
 from pyro_flat.compare.common import Method
+from pyro_flat.compare.tuning import check_search
 
 FAMILIES = (mcmc, svi, swag, ensemble)
 #: The reference that every comparison includes, last in the table.
@@ -19,6 +21,14 @@ ALL: dict[str, Method] = {m.name: m for family in (*FAMILIES, sgd) for m in fami
 #: Runners that are not methods: the HMC reference of ``--reference hmc``.
 REFERENCES: dict[str, Method] = {reference.METHOD.name: reference.METHOD}
 ALIASES = {alias: m.name for m in ALL.values() for alias in m.aliases}
+#: Each flat-seeking method and a baseline it is paired with (``Method.baselines``).
+PAIRS: tuple[tuple[str, str], ...] = tuple((m.name, b) for m in ALL.values() for b in m.baselines)
+
+for _method in ALL.values():
+    check_search(_method.name, _method.search)
+    for _baseline in _method.baselines:
+        if _baseline not in ALL:
+            raise ValueError(f"{_method.name!r} is paired with {_baseline!r}, not a method")
 
 
 def implemented() -> list[str]:

@@ -98,7 +98,7 @@ def warm_up(threads: int | None = None) -> None:
     import pyro.infer  # noqa: F401
     import pyro.infer.autoguide  # noqa: F401
 
-    import pyro_flat.diagnostics  # noqa: F401
+    import pyro_flat.export  # noqa: F401
     import pyro_flat.flatness  # noqa: F401
     import pyro_flat.infer  # noqa: F401
     import pyro_flat.optim  # noqa: F401
@@ -440,7 +440,8 @@ def compare(opts: Options, settings: Settings, plan: Plan) -> int:
             "validation_fraction": tuning.VALIDATION_FRACTION,
             "candidates_per_method": tuning.CANDIDATES,
             "plan_per_candidate": asdict(opts.tune_plan),
-            "search_factors": {m: tuning.SEARCH[m] for m in [*opts.methods, registry.BASELINE]},
+            "search_factors": {m: dict(registry.method(m).search)
+                               for m in [*opts.methods, registry.BASELINE]},
             "by_seed": reports,
         }
         text += ("\n\nhyper-parameters chosen on the validation split (lowest validation NLL of "

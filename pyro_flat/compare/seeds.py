@@ -5,7 +5,7 @@ the initialisation, the minibatches and the noise), so seed ``s`` gives one row 
 Over the seeds where a method succeeded, each metric is reported as its mean
 :math:`\bar x` and standard error :math:`s/\sqrt{K}` (:math:`s` the sample standard deviation).
 
-A flat-seeking method is compared with its baseline (:data:`PAIRS`) by the *paired*
+A flat-seeking method is compared with its baselines (``Method.baselines``) by the *paired*
 differences :math:`d_s = x_s^{\text{method}} - x_s^{\text{baseline}}` over the seeds where both
 succeeded: both runs of a seed share the data and the seed, so the seed-to-seed variation that
 both share cancels and :math:`\bar d \pm s_d/\sqrt{K}` is sharper than the difference of the two
@@ -24,18 +24,6 @@ from pathlib import Path
 
 from pyro_flat.compare.evaluation import HEADERS, HIGHER_IS_BETTER, METRICS
 
-#: Each flat-seeking method and the baselines it is paired with (only the pairs of methods
-#: that ran are reported).
-PAIRS: tuple[tuple[str, str], ...] = (
-    ("sasgld", "sgld"),
-    ("entropy", "sgld"),
-    ("entropy", "csgld"),
-    ("contour", "sgld"),
-    ("sa-elbo", "svi"),
-    ("hwa", "svi"),
-    ("fswag", "swag"),
-    ("ensemble-sam", "ensemble"),
-)
 #: The figure of the paired differences.
 FIGURE = "paired_differences.png"
 #: Seeds needed before a paired difference is called significant.
@@ -95,9 +83,10 @@ def summarise(rows_by_seed: Mapping[int, Sequence[Mapping]],
 
 
 def paired_differences(rows_by_seed: Mapping[int, Sequence[Mapping]],
-                       pairs: Sequence[tuple[str, str]] = PAIRS,
+                       pairs: Sequence[tuple[str, str]] | None = None,
                        metrics: Sequence[str] = METRICS) -> list[dict]:
-    """For every pair ``(method, baseline)`` that both ran: per metric (of ``metrics``, the
+    """For every pair ``(method, baseline)`` (default: every method's ``baselines``,
+    :data:`pyro_flat.compare.registry.PAIRS`) that both ran: per metric (of ``metrics``, the
     task's) the mean paired
     difference method - baseline over the seeds where both succeeded, its standard error, the
     95% t interval and whether it excludes zero.
@@ -112,6 +101,8 @@ def paired_differences(rows_by_seed: Mapping[int, Sequence[Mapping]],
     >>> d["nll_significant"]  # -0.1033 ± 4.30 * 0.0033 excludes zero
     True
     """
+    if pairs is None:
+        from pyro_flat.compare.registry import PAIRS as pairs
     ran = {r["method"] for rows in rows_by_seed.values() for r in rows}
     out = []
     for method, baseline in pairs:

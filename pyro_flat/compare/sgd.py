@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from pyro_flat.compare.common import Context, Fit, Method, point_draws
+from pyro_flat.compare.common import LR4, Context, Fit, Method, point_draws
 
 
 def _param_groups(net: torch.nn.Module, ctx: Context) -> list[dict]:
@@ -99,5 +99,5 @@ def run_sgd(method: str, ctx: Context) -> Fit:
 
 METHODS = [
     Method("sgd", "reference: SGD with momentum 0.9 at rate lr*(1-0.9) on the mean loss plus "
-           "the prior's penalty (the MAP); always runs", run_sgd),
+           "the prior's penalty (the MAP); always runs", run_sgd, search=LR4),
 ]

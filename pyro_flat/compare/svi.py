@@ -20,10 +20,15 @@ of one per weight tensor: one draw and one optimiser update per step).
 
 from __future__ import annotations
 
-from pyro_flat.compare.common import Context, Fit, Method
+from functools import partial
+
+from pyro_flat.compare.common import SVI_LR4, Context, Fit, Method
 
 
-def run_svi(method: str, ctx: Context) -> Fit:
+def run_svi(method: str, ctx: Context, *, sharpness_aware: bool = False, hwa: bool = False
+            ) -> Fit:
+    """Fit the mean-field guide (``sharpness_aware``: with :class:`SharpnessAwareELBO`;
+    ``hwa``: the second half of the budget in HWA's cycles) and draw from it."""
     import pyro
     from pyro.infer import SVI
     from pyro.infer.autoguide import AutoDiagonalNormal
@@ -39,7 +44,7 @@ def run_svi(method: str, ctx: Context) -> Fit:
     model = ctx.bnn()
     guide = AutoDiagonalNormal(model, init_loc_fn=init_to_network, init_scale=s.svi_init_scale)
     per = 1
-    if method == "sa-elbo":
+    if sharpness_aware:
         from pyro_flat.infer import SharpnessAwareELBO
 
         loss, per = SharpnessAwareELBO(rho=s.rho), 2
@@ -48,28 +53,28 @@ def run_svi(method: str, ctx: Context) -> Fit:
     svi = SVI(model, guide, MultiTensorAdam({"lr": s.svi_lr}), loss)
     steps = p.steps // p.divisor(per)
     stepper, sample_guide, notes = svi, guide, {}
-    if method == "hwa":
+    if hwa:
         from pyro_flat.infer import HWA
 
         cycle = max((steps - steps // 2) // p.num_draws, 1)
         pretrain = max(steps - cycle * p.num_draws, 0)  # about half the steps
-        hwa = HWA(svi, lr_bounds=(s.svi_lr / 10, s.svi_lr), cycle_length=cycle)
+        averaging = HWA(svi, lr_bounds=(s.svi_lr / 10, s.svi_lr), cycle_length=cycle)
         steps = pretrain + cycle * p.num_draws
         notes = {"pretrain_steps": pretrain, "cycle_length": cycle}
     x, y = ctx.data.x_train, ctx.data.y_train
     bar = ctx.progress(steps * per, method)
     try:
         for i in range(steps):
-            if method == "hwa" and i == pretrain:
-                stepper = hwa
+            if hwa and i == pretrain:
+                stepper = averaging
             with pyro.validation_enabled(i == 0):
                 stepper.step(x, y)
             bar.update(per)
     finally:
         bar.close()
-    if method == "hwa":
-        sample_guide = hwa.averaged_guide()
-        notes["snapshots"] = hwa.num_snapshots
+    if hwa:
+        sample_guide = averaging.averaged_guide()
+        notes["snapshots"] = averaging.num_snapshots
     draws = guide_draws(sample_guide, p.num_draws, x, y)
     return Fit(model.net, draws, steps * per, notes=notes)
 
@@ -77,12 +82,13 @@ def run_svi(method: str, ctx: Context) -> Fit:
 METHODS = [
     Method("svi", "Bayes by Backprop: SVI with LeanELBO (Trace_ELBO's loss), a mean-field "
            "Gaussian guide, Adam (lr 1e-3), one particle (Blundell et al. 2015)", run_svi,
-           aliases=("bbb", "trace-elbo"), cost=5.0),
+           search=SVI_LR4, aliases=("bbb", "trace-elbo"), cost=5.0),
     Method("hwa", "HWA: half the budget SVI as above, then cycles from lr 1e-3 down to 1e-4 "
-           "with one average snapshot per cycle; the averaged guide predicts", run_svi,
-           cost=5.0),
+           "with one average snapshot per cycle; the averaged guide predicts",
+           partial(run_svi, hwa=True), search=SVI_LR4, baselines=("svi",), cost=5.0),
     Method("sa-elbo", "sharpness-aware SVI: SharpnessAwareELBO (rho 0.05, two gradients per "
-           "step) with the same guide and optimiser (Nguyen et al. 2023)", run_svi,
-           aliases=("sharpness-elbo", "fsgvb", "f-sgvb"),
-           cost=5.0, grads_per_step=2),
+           "step) with the same guide and optimiser (Nguyen et al. 2023)",
+           partial(run_svi, sharpness_aware=True),
+           search={"svi_lr": (1.0, 3.0), "rho": (0.2, 1.0)}, baselines=("svi",),
+           aliases=("sharpness-elbo", "fsgvb", "f-sgvb"), cost=5.0, grads_per_step=2),
 ]

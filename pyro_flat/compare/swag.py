@@ -11,17 +11,19 @@ the interval.
 
 from __future__ import annotations
 
-from pyro_flat.compare.common import Context, Fit, Method, as_site_names
+from functools import partial
+
+from pyro_flat.compare.common import LR4, LR_RHO, Context, Fit, Method, as_site_names
 from pyro_flat.compare.sgd import train_map
 
 
-def run_swag(method: str, ctx: Context) -> Fit:
+def run_swag(method: str, ctx: Context, *, sam: bool = False) -> Fit:
+    """Collect SWAG along the SGD reference's run (``sam``: along SAM steps) and draw."""
     import pyro
     import torch
 
     from pyro_flat.infer import SWAG
 
-    sam = method == "fswag"
     p, s = ctx.plan, ctx.settings
     per = 2 if sam else 1
     thin = max(p.thin // p.divisor(per), 1)
@@ -47,8 +49,8 @@ def run_swag(method: str, ctx: Context) -> Fit:
 
 METHODS = [
     Method("swag", "SWAG: SGD as the reference, one snapshot per draw interval after warmup, "
-           "rank <= 20, draws at scale 0.5 (Maddox et al. 2019)", run_swag),
+           "rank <= 20, draws at scale 0.5 (Maddox et al. 2019)", run_swag, search=LR4),
     Method("fswag", "F-SWAG: SWAG along SAM steps (rho 0.05, two gradients per step) "
-           "(Nguyen et al. 2023)", run_swag, aliases=("f-swag",),
-           grads_per_step=2),
+           "(Nguyen et al. 2023)", partial(run_swag, sam=True), search=LR_RHO,
+           baselines=("swag",), aliases=("f-swag",), grads_per_step=2),
 ]

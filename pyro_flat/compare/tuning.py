@@ -6,7 +6,7 @@ The search is declared here and costs every method the same:
   of it, stratified by class for classification), drawn with the run's seed; each candidate
   trains on the rest. The test and OOD sets are never used for the choice.
 * **Candidates.** Every method tries exactly :data:`CANDIDATES` settings, the grid of
-  :data:`SEARCH` (each value a factor of the method's default in
+  its method's ``search`` grid (each value a factor of the method's default in
   :class:`~pyro_flat.compare.config.Settings`, so the grid follows a task's defaults). A
   method with one hyper-parameter that matters (SGLD's step size) tries four values of it; a
   flat-seeking method with two (SASGLD's step size and radius) tries a 2 x 2 grid.
@@ -53,53 +53,29 @@ TUNING_SHARE = 1 / CANDIDATES
 #: The search in one sentence (``results.json``).
 PROTOCOL = (
     f"per seed, {VALIDATION_FRACTION:.0%} of the training set held out (stratified by class "
-    f"for classification); every method tries {CANDIDATES} settings (SEARCH: factors of its "
+    f"for classification); every method tries {CANDIDATES} settings (a grid of factors of its "
     f"defaults) on the rest at {TUNING_SHARE:.0%} of the budget each, keeps the one with the "
     "lowest validation NLL, then trains on the whole training set and is scored on the test "
     "set"
 )
 
-_LR4 = {"lr": (0.25, 0.5, 1.0, 2.0)}
-_LR_RHO = {"lr": (0.5, 1.0), "rho": (0.2, 1.0)}
-_SVI_LR4 = {"svi_lr": (0.3, 1.0, 3.0, 10.0)}
-
-#: Each method's grid: ``{setting: factors of its default}``; the candidates are the product.
-SEARCH: dict[str, dict[str, tuple[float, ...]]] = {
-    "sgld": _LR4,
-    "sghmc": _LR4,
-    "csgld": _LR4,
-    "entropy": {"lr": (0.5, 1.0), "entropy_step_over_eta": (0.1, 1.0)},
-    "sasgld": _LR_RHO,
-    "contour": {"lr": (0.5, 1.0), "contour_zeta": (1.0, 4.0)},
-    "l2e": {"l2e_step_mult": (0.25, 0.5, 1.0, 2.0)},
-    "svi": _SVI_LR4,
-    "hwa": _SVI_LR4,
-    "sa-elbo": {"svi_lr": (1.0, 3.0), "rho": (0.2, 1.0)},
-    "swag": _LR4,
-    "fswag": _LR_RHO,
-    "ensemble": _LR4,
-    "ensemble-sam": _LR_RHO,
-    "sgd": _LR4,
-}
-
-
-def _check_search() -> None:
+def check_search(method: str, grid: Mapping[str, tuple[float, ...]]) -> None:
+    """A method's ``search`` must be :data:`CANDIDATES` candidates of ``Settings`` fields."""
     fields = {f.name for f in dataclasses.fields(Settings)}
-    for method, grid in SEARCH.items():
-        if math.prod(len(v) for v in grid.values()) != CANDIDATES or not set(grid) <= fields:
-            raise AssertionError(f"SEARCH[{method!r}] must be {CANDIDATES} candidates of "
-                                 f"Settings fields, got {grid}")
-
-
-_check_search()
+    if math.prod(len(v) for v in grid.values()) != CANDIDATES or not set(grid) <= fields:
+        raise ValueError(f"the search grid of {method!r} must be {CANDIDATES} candidates of "
+                         f"Settings fields, got {dict(grid)}")
 
 
 def candidates(method: str, settings: Settings) -> list[dict[str, float]]:
-    """The :data:`CANDIDATES` settings ``method`` tries: :data:`SEARCH`'s factors times the
-    defaults in ``settings`` (rounded to 6 significant digits)."""
-    if method not in SEARCH:
-        raise ValueError(f"method must be one of {', '.join(SEARCH)}, got {method!r}")
-    grid = SEARCH[method]
+    """The :data:`CANDIDATES` settings ``method`` tries: the factors of its ``search`` grid
+    (:class:`~pyro_flat.compare.common.Method`) times the defaults in ``settings`` (rounded to
+    6 significant digits)."""
+    from pyro_flat.compare import registry
+
+    if method not in registry.ALL:
+        raise ValueError(f"method must be one of {', '.join(registry.ALL)}, got {method!r}")
+    grid = registry.ALL[method].search
     out = []
     for factors in itertools.product(*grid.values()):
         out.append({name: float(f"{getattr(settings, name) * f:.6g}")
