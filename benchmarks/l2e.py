@@ -1,6 +1,6 @@
 """L2E against SGLD and cyclical SGLD on held-out tasks at an equal number of gradients; step time.
 
-Held-out tasks (never seen in meta-training, see :mod:`pyro_flat.l2e_training.tasks`):
+Held-out tasks (never seen in meta-training, see :mod:`pyro_flat.infer.mcmc.l2e.training.tasks`):
 
 * ``mnist1d / MLP 96x3``: a held-out *architecture* (meta-training used depth <= 2, width <= 64)
   on MNIST-1D (4000 training signals, the 1000 test signals);
@@ -50,7 +50,7 @@ from pyro_flat import metrics
 from pyro_flat.bnn import BNN
 from pyro_flat.datasets import load_dataset
 from pyro_flat.infer import L2E, SGLD, CyclicalSGLD
-from pyro_flat.infer.mcmc.l2e_net import MetaNet
+from pyro_flat.infer.mcmc.l2e.meta_net import MetaNet
 from pyro_flat.likelihoods import Categorical
 from pyro_flat.predictive import bma_probs
 

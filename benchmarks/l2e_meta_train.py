@@ -1,11 +1,12 @@
 """Reproduce the shipped L2E meta-parameters from scratch (``pyro_flat/data/l2e_meta_params.npz``).
 
-Antithetic-ES meta-training (:mod:`pyro_flat.l2e_training.meta`) from the planted initialisation,
-on the task distribution of :mod:`pyro_flat.l2e_training.tasks`, one CPU thread. Every
-``--eval-every`` outer steps the meta-loss is measured on a fixed validation set of tasks (drawn
-from the same distribution with another seed); the parameters with the lowest validation
-meta-loss are written, if they beat the initial ones. The run checkpoints every 10 outer steps
-and resumes from ``--checkpoint`` after an interruption (same results as an uninterrupted run).
+Antithetic-ES meta-training (:mod:`pyro_flat.infer.mcmc.l2e.training.meta`) from the planted
+initialisation, on the task distribution of :mod:`pyro_flat.infer.mcmc.l2e.training.tasks`, one
+CPU thread. Every ``--eval-every`` outer steps the meta-loss is measured on a fixed validation set
+of tasks (drawn from the same distribution with another seed); the parameters with the lowest
+validation meta-loss are written, if they beat the initial ones. The run checkpoints every 10
+outer steps and resumes from ``--checkpoint`` after an interruption (same results as an
+uninterrupted run).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/l2e_meta_train.py            # ~50 min
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/l2e_meta_train.py --quick    # smoke run
@@ -22,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from pyro_flat.infer.mcmc.l2e_net import SHIPPED_FILE
-from pyro_flat.l2e_training import MetaTrainConfig, MetaTrainer, meta_loss, sample_task
+from pyro_flat.infer.mcmc.l2e.meta_net import SHIPPED_FILE
+from pyro_flat.infer.mcmc.l2e.training import MetaTrainConfig, MetaTrainer, meta_loss, sample_task
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -96,7 +97,7 @@ def main() -> None:
               "best_loss": best["loss"], "initial_loss": evals[0],
               "validation_tasks": [t.name for t in tasks], "command": " ".join(sys.argv)}
     if best["phi"] is not None and best["loss"] < evals[0]:
-        from pyro_flat.infer.mcmc.l2e_net import MetaNet
+        from pyro_flat.infer.mcmc.l2e.meta_net import MetaNet
         info = trainer.provenance()
         info.update(selected_step=best["step"], validation_meta_loss=best["loss"],
                     initial_validation_meta_loss=evals[0])

@@ -20,7 +20,7 @@ returns large temporaries to the OS and touches them again shows here.
 
 The rounds run in a *fresh* Python process (a subprocess with ``OMP_NUM_THREADS=1``), so
 nothing that an earlier benchmark warmed up (allocator caches, grown heap) helps: once with
-the meta-network in the compiled kernel (:mod:`pyro_flat.infer.mcmc.native`, where it builds)
+the meta-network in the compiled kernel (:mod:`pyro_flat.infer.mcmc.l2e.native`, where it builds)
 and once on torch's kernels (``PYRO_FLAT_NATIVE=0``), each against SGLD in its own rounds.
 Target: L2E <= 4 x SGLD per step.
 
@@ -57,7 +57,7 @@ def _worker(rounds: int, draws: int) -> dict:
     from pyro.infer import MCMC
 
     from pyro_flat.infer import L2E, SGLD
-    from pyro_flat.infer.mcmc import native
+    from pyro_flat.infer.mcmc.l2e import native
 
     sys.path.insert(0, str(Path(__file__).parent))
     import step_overhead as so

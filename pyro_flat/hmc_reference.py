@@ -22,7 +22,6 @@ Scoring a method against the reference, here with made-up draws in place of NUTS
 >>> import torch
 >>> from pyro_flat import metrics
 >>> from pyro_flat.bnn import BNN
-from pyro_flat.diagnostics import bulk_ess, split_rhat
 >>> from pyro_flat.hmc_reference import reference_predictive
 >>> from pyro_flat.likelihoods import Categorical
 >>> model = BNN(torch.nn.Linear(2, 3), Categorical())  # multinomial logistic regression
@@ -240,7 +239,6 @@ def hmc_reference(
     --------
     >>> import torch
     >>> from pyro_flat.bnn import BNN
-from pyro_flat.diagnostics import bulk_ess, split_rhat
     >>> from pyro_flat.likelihoods import HomoskedasticGaussian
     >>> x = torch.linspace(-1, 1, 10).unsqueeze(1); y = 2 * x.squeeze(1)
     >>> model = BNN(torch.nn.Linear(1, 1), HomoskedasticGaussian(scale=0.5))  # linear

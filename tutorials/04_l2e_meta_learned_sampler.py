@@ -38,7 +38,7 @@ from pyro_flat import metrics
 from pyro_flat.bnn import BNN
 from pyro_flat.datasets import load_dataset
 from pyro_flat.infer import L2E, SGLD, CyclicalSGLD
-from pyro_flat.l2e_training import MetaTrainConfig, MetaTrainer, make_task
+from pyro_flat.infer.mcmc.l2e.training import MetaTrainConfig, MetaTrainer, make_task
 from pyro_flat.likelihoods import Categorical
 from pyro_flat.predictive import bma_probs
 

@@ -24,10 +24,10 @@ if TYPE_CHECKING:
     from pyro_flat.bnn import BNN
 
 #: ``(kernel, num_samples, warmup_steps, gradient evaluations per SG step)``
-Built = tuple[Any, int, int, int]
+_Built = tuple[Any, int, int, int]
 
 
-def _sgld(model: BNN, ctx: Context) -> Built:
+def _sgld(model: BNN, ctx: Context) -> _Built:
     from pyro_flat.infer import SGLD
 
     s, p = ctx.settings, ctx.plan
@@ -36,7 +36,7 @@ def _sgld(model: BNN, ctx: Context) -> Built:
     return kernel, p.num_draws, p.warmup_draws, 1
 
 
-def _sghmc(model: BNN, ctx: Context) -> Built:
+def _sghmc(model: BNN, ctx: Context) -> _Built:
     from pyro_flat.infer import SGHMC
 
     s, p = ctx.settings, ctx.plan
@@ -45,7 +45,7 @@ def _sghmc(model: BNN, ctx: Context) -> Built:
     return kernel, p.num_draws, p.warmup_draws, 1
 
 
-def _csgld(model: BNN, ctx: Context) -> Built:
+def _csgld(model: BNN, ctx: Context) -> _Built:
     from pyro_flat.infer import CyclicalSGLD
 
     s, p = ctx.settings, ctx.plan
@@ -61,7 +61,7 @@ def cosine_step(t: int, base: float, cycle_length: int) -> float:
     return 0.5 * base * (math.cos(math.pi * (t % cycle_length) / cycle_length) + 1.0)
 
 
-def _entropy(model: BNN, ctx: Context) -> Built:
+def _entropy(model: BNN, ctx: Context) -> _Built:
     from pyro_flat.infer import EntropyMCMC
 
     s, p = ctx.settings, ctx.plan
@@ -90,7 +90,7 @@ def cycle_end_draws(num_draws: int, draws_per_cycle: int, keep: int) -> list[int
     return [i for i in range(num_draws) if i % draws_per_cycle >= draws_per_cycle - keep]
 
 
-def _sasgld(model: BNN, ctx: Context) -> Built:
+def _sasgld(model: BNN, ctx: Context) -> _Built:
     from pyro_flat.infer import SASGLD
 
     s, p = ctx.settings, ctx.plan  # two gradients per step: half SGLD's steps at equal grads
@@ -108,7 +108,7 @@ def _sasgld(model: BNN, ctx: Context) -> Built:
 CONTOUR_BINS = 100
 
 
-def _contour(model: BNN, ctx: Context) -> Built:
+def _contour(model: BNN, ctx: Context) -> _Built:
     from pyro_flat.infer import ContourSGLD
 
     s, p = ctx.settings, ctx.plan
@@ -118,7 +118,7 @@ def _contour(model: BNN, ctx: Context) -> Built:
     return kernel, p.num_draws, p.warmup_draws, 1
 
 
-def _l2e(model: BNN, ctx: Context) -> Built:
+def _l2e(model: BNN, ctx: Context) -> _Built:
     from pyro_flat.infer import L2E
 
     s, p = ctx.settings, ctx.plan
@@ -129,11 +129,12 @@ def _l2e(model: BNN, ctx: Context) -> Built:
 
 #: A method's post-processing of its run: ``(ctx, samples, idata) -> (samples, idata,
 #: weights, notes)``.
-Finish = Callable[[Context, dict, Any], tuple[dict, Any, Any, dict]]
+_Finish = Callable[[Context, dict, Any], tuple[dict, Any, Any, dict]]
 
 
-def run_kernel(method: str, ctx: Context, build: Callable[[BNN, Context], Built],
-               finish: Finish | None = None) -> Fit:
+def run_kernel(method: str, ctx: Context,
+               build: Callable[[BNN, Context], tuple[Any, int, int, int]],
+               finish: _Finish | None = None) -> Fit:
     """Sample with the kernel ``build`` makes; the draws (after ``finish``), the ArviZ export
     and the step count."""
     import pyro
@@ -203,8 +204,8 @@ def _contour_weights(ctx: Context, samples: dict, idata: Any) -> tuple[dict, Any
     return samples, idata, torch.softmax(log_w.double(), 0), notes
 
 
-def kernel(build: Callable[[BNN, Context], Built], finish: Finish | None = None
-           ) -> Callable[[str, Context], Fit]:
+def kernel(build: Callable[[BNN, Context], tuple[Any, int, int, int]],
+           finish: _Finish | None = None) -> Callable[[str, Context], Fit]:
     """A method's runner: :func:`run_kernel` with its kernel builder and post-processing."""
     return partial(run_kernel, build=build, finish=finish)
 

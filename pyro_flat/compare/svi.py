@@ -27,7 +27,8 @@ from pyro_flat.compare.common import SVI_LR4, Context, Fit, Method
 
 def run_svi(method: str, ctx: Context, *, sharpness_aware: bool = False, hwa: bool = False
             ) -> Fit:
-    """Fit the mean-field guide (``sharpness_aware``: with :class:`SharpnessAwareELBO`;
+    """Fit the mean-field guide (``sharpness_aware``: with
+    :class:`~pyro_flat.infer.SharpnessAwareELBO`;
     ``hwa``: the second half of the budget in HWA's cycles) and draw from it."""
     import pyro
     from pyro.infer import SVI

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from pyro_flat.infer import L2E
-from pyro_flat.infer.mcmc.l2e_net import MetaNet
-from pyro_flat.l2e_training import (
+from pyro_flat.infer.mcmc.l2e.meta_net import MetaNet
+from pyro_flat.infer.mcmc.l2e.training import (
     MetaTrainConfig,
     MetaTrainer,
     bma_nll,

@@ -18,7 +18,7 @@ from pyro.infer import MCMC
 
 from pyro_flat import kernel_diagnostics
 from pyro_flat.infer import L2E, SASGLD, SGHMC, SGLD, ContourSGLD, CyclicalSGLD, EntropyMCMC
-from pyro_flat.infer.mcmc.l2e_net import MetaNet
+from pyro_flat.infer.mcmc.l2e.meta_net import MetaNet
 
 EPS = 5e-5
 BASE_STATS = ("lp", "step_size", "grad_norm", "diverging")

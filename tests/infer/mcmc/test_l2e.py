@@ -16,7 +16,7 @@ import torch
 
 from pyro_flat import kernel_diagnostics
 from pyro_flat.infer import L2E
-from pyro_flat.infer.mcmc.l2e_net import (
+from pyro_flat.infer.mcmc.l2e.meta_net import (
     DECAYS,
     NORM_EPS,
     L2EState,

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from pyro_flat.infer import L2E
-from pyro_flat.infer.mcmc.l2e_chunked import ChunkedMetaNet
-from pyro_flat.infer.mcmc.l2e_net import FRICTION, OUTPUT_SCALE, MetaNet
+from pyro_flat.infer.mcmc.l2e.chunked import ChunkedMetaNet
+from pyro_flat.infer.mcmc.l2e.meta_net import FRICTION, OUTPUT_SCALE, MetaNet
 
 #: Draws of 3 vectorised L2E chains (with noise) on the fixed-seed runs' MLP, recorded with the
 #: implementation before the chunked pass folded the normalisation and the output combination

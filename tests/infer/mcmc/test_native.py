@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
-from pyro_flat.infer.mcmc import native
-from pyro_flat.infer.mcmc.l2e_chunked import ChunkedMetaNet
-from pyro_flat.infer.mcmc.l2e_net import FRICTION, OUTPUT_SCALE, MetaNet
+from pyro_flat.infer.mcmc.l2e import native
+from pyro_flat.infer.mcmc.l2e.chunked import ChunkedMetaNet
+from pyro_flat.infer.mcmc.l2e.meta_net import FRICTION, OUTPUT_SCALE, MetaNet
 
 needs_kernel = pytest.mark.skipif(native.status() != "available",
                                   reason=f"native kernel: {native.status()}")
@@ -96,7 +96,7 @@ def test_without_the_kernel_l2e_runs_on_torch_and_says_why(env, reason, tmp_path
         "import torch, pyro, pyro.distributions as dist\n"
         "from pyro.infer import MCMC\n"
         "from pyro_flat.infer import L2E\n"
-        "from pyro_flat.infer.mcmc import native\n"
+        "from pyro_flat.infer.mcmc.l2e import native\n"
         "print(native.status())\n"
         "def model():\n"
         "    pyro.sample('w', dist.Normal(0.0, 1.0).expand([40]).to_event(1))\n"

@@ -19,7 +19,7 @@ from pyro.nn import PyroModule, PyroSample
 
 import pyro_flat
 from pyro_flat.infer import L2E, SASGLD, SGHMC, SGLD, ContourSGLD, CyclicalSGLD, EntropyMCMC
-from pyro_flat.infer.mcmc.l2e_net import MetaNet
+from pyro_flat.infer.mcmc.l2e.meta_net import MetaNet
 
 K = 3
 SEED = 11

@@ -11,7 +11,7 @@ import torch
 from pyro_flat import validation
 from pyro_flat.infer.mcmc.base import SGMCMCKernel
 from pyro_flat.infer.mcmc.estimators import Estimate
-from pyro_flat.infer.mcmc.l2e_net import (
+from pyro_flat.infer.mcmc.l2e.meta_net import (
     FRICTION,
     L2EState,
     LearnedKinetic,
@@ -45,7 +45,7 @@ class L2E(SGMCMCKernel):
     six moving averages :math:`m_d \leftarrow d\,m_d + (1-d)\nabla\hat U/N` (:math:`d \in
     \{0.1, 0.5, 0.9, 0.99, 0.999, 0.9999\}`), each normalised over its Pyro site (the authors
     normalise per parameter tensor): :math:`x/\sqrt{10^{-5} + \mathrm{mean}(x^2)}`. ``r`` and
-    ``m`` start at zero. See :mod:`pyro_flat.infer.mcmc.l2e_net`.
+    ``m`` start at zero. See :mod:`pyro_flat.infer.mcmc.l2e.meta_net`.
 
     **Conversions.** The authors' code runs on the mean loss :math:`\ell` (with weight decay
     ``wd``) and hard-codes :math:`N = 50000`: ``r <- r - eps (50000 grad l + alpha + C beta) +
@@ -61,7 +61,7 @@ class L2E(SGMCMCKernel):
 
     **Cost.** Per step, besides the gradient, two passes of the network over all parameters
     (about 1,400 multiply-adds per parameter each). On x86-64 CPUs with AVX2 they run in a
-    compiled kernel built on first use (:mod:`pyro_flat.infer.mcmc.native`; torch's kernels
+    compiled kernel built on first use (:mod:`pyro_flat.infer.mcmc.l2e.native`; torch's kernels
     elsewhere, about half as fast); ``benchmarks/l2e_step_time.py`` measures the step against
     SGLD's.
 
@@ -72,7 +72,7 @@ class L2E(SGMCMCKernel):
     step_size : float, optional
         :math:`\epsilon` on ``U``; ``None`` gives :math:`\sqrt{\text{step\_mult}/N}`.
     meta_params : MetaNet, path, mapping or None
-        The network's parameters: a :class:`~pyro_flat.infer.mcmc.l2e_net.MetaNet`, an
+        The network's parameters: a :class:`~pyro_flat.infer.mcmc.l2e.meta_net.MetaNet`, an
         ``.npz`` file (this project's format or the authors' haiku layout ``linear_0.w`` ...),
         a mapping of those names to arrays, or ``None`` for the parameters shipped with
         pyro_flat (meta-trained by ``benchmarks/l2e_meta_train.py``).
@@ -175,7 +175,7 @@ class L2E(SGMCMCKernel):
     def state_fields(self) -> tuple[StateField, ...]:  # type: ignore[override]
         """The per-element state: the momentum ``r`` and the six gradient moving averages
         ``m_d``, zero at the start and after a non-finite step. Both live in the features
-        buffer (:class:`~pyro_flat.infer.mcmc.l2e_net.L2EState`) the meta-network reads."""
+        buffer (:class:`~pyro_flat.infer.mcmc.l2e.meta_net.L2EState`) the meta-network reads."""
         d = self.layout.size
         chains = 1 if self.vectorized_chains is None else self.vectorized_chains
         # features are normalised per site of each chain: the chains' rows lie one after another

@@ -149,9 +149,9 @@ def _split(x: torch.Tensor, y: torch.Tensor, val_size: int) -> tuple[torch.Tenso
 
 def make_task(dataset: str, arch: str, width: int, depth: int, *, seed: int = 0,
               val_size: int = 256) -> Task:
-    """A task on ``dataset`` (see :data:`~pyro_flat.l2e_training.tasks.META_DATASETS`; also
-    any classification name of :func:`pyro_flat.datasets.load_dataset`) with an ``"mlp"`` or
-    ``"cnn"`` network; the network's initial weights depend on ``seed``."""
+    """A task on ``dataset`` (see :data:`META_DATASETS`; also any classification name of
+    :func:`pyro_flat.datasets.load_dataset`) with an ``"mlp"`` or ``"cnn"`` network; the
+    network's initial weights depend on ``seed``."""
     x, y, xv, yv = _split(*_data(dataset, 0)[:2], val_size)
     regression = dataset == "teacher_regression"
     out_dim = 1 if regression else int(y.max()) + 1

@@ -15,8 +15,8 @@ between layers, ``x @ w + b`` (the layout of the authors' haiku ``hk.nets.MLP([3
 :math:`\alpha = 10^{-3} o_1`, :math:`\beta = 10^{-3} o_2`.
 
 :func:`l2e_step_` is the update; :class:`pyro_flat.infer.L2E` and
-:mod:`pyro_flat.l2e_training.meta` both call it, so the sampler that is meta-trained is the sampler
-that ships.
+:mod:`pyro_flat.infer.mcmc.l2e.training.meta` both call it, so the sampler that is meta-trained
+is the sampler that ships.
 
 References
 ----------
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pyro_flat.infer.mcmc.l2e_chunked import ChunkedMetaNet
+from pyro_flat.infer.mcmc.l2e.chunked import ChunkedMetaNet
 
 #: Decays of the gradient moving averages fed to the network.
 DECAYS: tuple[float, ...] = (0.1, 0.5, 0.9, 0.99, 0.999, 0.9999)
@@ -75,7 +75,7 @@ class MetaNet:
     Examples
     --------
     >>> import torch
-    >>> from pyro_flat.infer.mcmc.l2e_net import MetaNet
+    >>> from pyro_flat.infer.mcmc.l2e.meta_net import MetaNet
     >>> net = MetaNet.init(torch.Generator().manual_seed(0))
     >>> net.num_params, tuple(net(torch.zeros(5, 9)).shape)
     (1442, (5, 2))
@@ -349,7 +349,7 @@ class LearnedKinetic:
 
     A step needs :math:`\alpha + C\beta` at the current momentum and :math:`\beta` at the new
     one, each a fixed combination of the network's two outputs: both are computed by
-    :class:`~pyro_flat.infer.mcmc.l2e_chunked.ChunkedMetaNet` on the raw features, with the
+    :class:`~pyro_flat.infer.mcmc.l2e.chunked.ChunkedMetaNet` on the raw features, with the
     per-site normalisation (:attr:`L2EState.scales`) folded into the first layer and the
     combination into the last, in buffers kept from step to step. The returned tensor is such
     a buffer, valid until the next call.

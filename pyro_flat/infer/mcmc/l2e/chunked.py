@@ -6,7 +6,7 @@ r"""The L2E meta-network evaluated over many rows at once: chunked, into kept bu
 rows. Two foldings keep the work to the three matrix products:
 
 * the sampler needs two such rows per step, :math:`\alpha + C\beta` and :math:`\beta`
-  (:class:`~pyro_flat.infer.mcmc.l2e_net.LearnedKinetic`), so the combination and the output
+  (:class:`~pyro_flat.infer.mcmc.l2e.meta_net.LearnedKinetic`), so the combination and the output
   scale are folded into the last layer: one weight vector of 32 and one bias, a
   matrix-vector product per chunk;
 * the features are normalised per segment (one per Pyro site), a scale per column and
@@ -18,7 +18,7 @@ The rows go through all three layers in chunks of at most :data:`CHUNK` rows wit
 segment, so that the ``(m, 32)`` hidden activations of a chunk are reused from cache by the
 next layer, in two buffers allocated once per input tensor and kept from call to call (with
 the chunks' views), as is the output row: nothing is allocated per call. On a CPU with AVX2
-(float32, the features' own layout) the compiled kernel of :mod:`pyro_flat.infer.mcmc.native`
+(float32, the features' own layout) the compiled kernel of :mod:`pyro_flat.infer.mcmc.l2e.native`
 computes the three layers instead, about twice as fast.
 """
 
@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pyro_flat.infer.mcmc import native as native_kernel
+from pyro_flat.infer.mcmc.l2e import native as native_kernel
 
 if TYPE_CHECKING:
-    from pyro_flat.infer.mcmc.l2e_net import MetaNet
+    from pyro_flat.infer.mcmc.l2e.meta_net import MetaNet
 
 #: Rows of the meta-network's input per chunk.
 CHUNK = 8192
@@ -66,14 +66,14 @@ class ChunkedMetaNet:
     chunk : int
         Rows per chunk (default :data:`CHUNK`); positive.
     native : bool or None
-        Use the compiled kernel (:mod:`pyro_flat.infer.mcmc.native`): where it applies
+        Use the compiled kernel (:mod:`pyro_flat.infer.mcmc.l2e.native`): where it applies
         (``None``, default), always (``True``: an input it does not apply to is an error), or
         never (``False``: torch's kernels).
 
     Examples
     --------
     >>> import torch
-    >>> from pyro_flat.infer.mcmc.l2e_net import MetaNet
+    >>> from pyro_flat.infer.mcmc.l2e.meta_net import MetaNet
     >>> net = MetaNet.init(torch.Generator().manual_seed(0))
     >>> x = torch.randn(10, 9)
     >>> row = ChunkedMetaNet(net, chunk=4)(x, 1.0, 0.1, 1e-3)  # 1e-3 (o_1 + 0.1 o_2)

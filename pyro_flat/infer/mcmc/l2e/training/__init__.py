@@ -4,19 +4,20 @@ This is how the meta-parameters shipped with :class:`pyro_flat.infer.L2E` were t
 (``benchmarks/l2e_meta_train.py``). It lives outside :mod:`pyro_flat.infer` because its tasks
 need the data sets of :mod:`pyro_flat.datasets`, which sampling does not.
 
-* :mod:`~pyro_flat.l2e_training.tasks`: :class:`Task`, :func:`make_task`, :func:`sample_task`.
-* :mod:`~pyro_flat.l2e_training.meta`: :class:`MetaTrainConfig`, :class:`MetaTrainer`,
+* :mod:`~pyro_flat.infer.mcmc.l2e.training.tasks`: :class:`Task`, :func:`make_task`,
+  :func:`sample_task`.
+* :mod:`~pyro_flat.infer.mcmc.l2e.training.meta`: :class:`MetaTrainConfig`, :class:`MetaTrainer`,
   :func:`meta_loss`, :func:`inner_run`, :func:`bma_nll`.
 """
 
-from pyro_flat.l2e_training.meta import (
+from pyro_flat.infer.mcmc.l2e.training.meta import (
     MetaTrainConfig,
     MetaTrainer,
     bma_nll,
     inner_run,
     meta_loss,
 )
-from pyro_flat.l2e_training.tasks import Task, make_task, sample_task
+from pyro_flat.infer.mcmc.l2e.training.tasks import Task, make_task, sample_task
 
 __all__ = ["MetaTrainConfig", "MetaTrainer", "bma_nll", "inner_run", "meta_loss",
            "Task", "make_task", "sample_task"]

@@ -1,13 +1,13 @@
 r"""A compiled CPU kernel for L2E's meta-network pass, built from C on first use.
 
-:class:`~pyro_flat.infer.mcmc.l2e_chunked.ChunkedMetaNet` evaluates the 9-32-32-1 network of
+:class:`~pyro_flat.infer.mcmc.l2e.chunked.ChunkedMetaNet` evaluates the 9-32-32-1 network of
 L2E on every parameter twice per step. With torch's kernels that is six matrix-library calls
 and three elementwise passes per chunk of rows; ``meta_rows.c`` computes the network row by row
 (sixteen rows per SIMD pass, AVX2 and FMA) with its weights and activations in the first-level
 cache, about twice as fast on one core (``benchmarks/l2e_step_time.py``). It is used when
 
 * the input is float32 on the CPU, in the feature-major layout of
-  :class:`~pyro_flat.infer.mcmc.l2e_net.L2EState`, and the network is 9-32-32;
+  :class:`~pyro_flat.infer.mcmc.l2e.meta_net.L2EState`, and the network is 9-32-32;
 * the CPU has AVX2 and FMA, and a C compiler (``$CC``, else ``cc``) built the kernel: on first
   use it is compiled with ``-O3 -mavx2 -mfma -fopenmp`` into ``$PYRO_FLAT_CACHE_DIR`` (default
   ``~/.cache/pyro_flat``) and loaded with :mod:`ctypes`; later processes load the built file;

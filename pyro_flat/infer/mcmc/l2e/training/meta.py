@@ -13,7 +13,7 @@ pairs draw a task and :math:`\varepsilon \sim \mathcal{N}(0, I)`, run the inner 
 :math:`\phi \pm \sigma\varepsilon` with the *same* initialisation, minibatches and noise, and
 average :math:`\frac{\mathcal{L}(\phi + \sigma\varepsilon) - \mathcal{L}(\phi -
 \sigma\varepsilon)}{2\sigma}\,\varepsilon`; Adam with gradient-norm clipping takes the outer step.
-The inner loop is :func:`pyro_flat.infer.mcmc.l2e_net.l2e_step_`, the update of
+The inner loop is :func:`pyro_flat.infer.mcmc.l2e.meta_net.l2e_step_`, the update of
 :class:`pyro_flat.infer.L2E`, on plain tensors (:func:`torch.func.functional_call`).
 
 Differences from the authors' meta-training (``meta_training.py``, ``full_es_function_bma.py``),
@@ -29,7 +29,7 @@ step, Adam with learning rate 0.01 and gradient-norm clipping at 1, the BMA NLL 
 Examples
 --------
 >>> import torch
->>> from pyro_flat.l2e_training import MetaTrainConfig, MetaTrainer, make_task
+>>> from pyro_flat.infer.mcmc.l2e.training import MetaTrainConfig, MetaTrainer, make_task
 >>> task = make_task("teacher_regression", "mlp", 16, 1, seed=0)
 >>> cfg = MetaTrainConfig(outer_steps=1, inner_steps=20, snapshot_every=2, seed=0)
 >>> trainer = MetaTrainer(cfg, task_sampler=lambda g: task, log=None)
@@ -57,8 +57,8 @@ from typing import Any
 import torch
 
 from pyro_flat import validation
-from pyro_flat.infer.mcmc.l2e_net import L2EState, LearnedKinetic, MetaNet, l2e_step_
-from pyro_flat.l2e_training.tasks import Task, sample_task
+from pyro_flat.infer.mcmc.l2e.meta_net import L2EState, LearnedKinetic, MetaNet, l2e_step_
+from pyro_flat.infer.mcmc.l2e.training.tasks import Task, sample_task
 
 __all__ = ["MetaTrainConfig", "MetaTrainer", "bma_nll", "inner_run", "meta_loss"]
 
@@ -161,7 +161,8 @@ class MetaTrainer:
     ----------
     config : MetaTrainConfig
     task_sampler : callable, optional
-        ``generator -> Task``; defaults to :func:`pyro_flat.l2e_training.tasks.sample_task`.
+        ``generator -> Task``; defaults to
+        :func:`pyro_flat.infer.mcmc.l2e.training.tasks.sample_task`.
     init : MetaNet, optional
         Starting meta-parameters; default ``MetaNet.init`` with the ``init_*`` settings, drawn
         from ``config.seed``.
