@@ -39,9 +39,9 @@ class DrawWriter:
     ``thin=1``, the writer also *releases* the statistics it has written from the kernel's
     memory; the kernel reads them back from the store for its end-of-run checks, and
     :func:`pyro_flat.sample_stats` on the driver then says to open the store. A run under
-    :class:`pyro_flat.LeanMCMC` then grows by no more than a few bytes per draw
-    (``benchmarks/streaming_memory.py``); Pyro's own ``MCMC`` keeps an empty tensor per draw
-    in its loop (about 0.7 kB), which no hook can avoid.
+    :class:`pyro_flat.LeanMCMC` then grows by no more than a few bytes per draw; Pyro's own
+    ``MCMC`` keeps an empty tensor per draw in its loop, which no hook can avoid, so use
+    ``LeanMCMC`` for long streamed runs.
 
     Chains: each chain of ``MCMC(num_chains=C)`` (run one after another or in worker
     processes) writes a part file of its own; a kernel with ``vectorized_chains=K`` writes its

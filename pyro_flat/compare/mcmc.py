@@ -100,11 +100,10 @@ def _sasgld(model: BNN, ctx: Context) -> _Built:
     return kernel, p.num_draws, p.warmup_draws, 2
 
 
-#: ContourSGLD's energy partition: bins placed from the warmup energies (``auto_bins``), and
-#: the paper's flattening (``Settings.contour_zeta``, default 0.75). At the energy scale of
-#: these BNNs (bins about 100 nats wide) the multiplier stays near 1, so the chain is close to
-#: SGLD; a strong flattening (``zeta = 20`` with BlackJAX's gain) leaves few effective draws in
-#: the importance weights and loses accuracy (``benchmarks/README.md``, "Notes on design choices").
+#: Number of bins of ContourSGLD's energy partition, placed from the warmup energies
+#: (``auto_bins``), with the paper's flattening and SA gain (``Settings.contour_zeta``, default
+#: 0.75). At the energy scale of these BNNs the multiplier stays near 1, so the chain is close to
+#: SGLD (see docs/methods/contour_sgld.md, "When to prefer it").
 CONTOUR_BINS = 100
 
 

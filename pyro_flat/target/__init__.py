@@ -28,6 +28,7 @@ from pyro_flat.target.sites import latent_sites
 from pyro_flat.target.subsample import InjectIndices
 from pyro_flat.target.target import Potential, Target, as_scalar_energy
 from pyro_flat.target.tracing import DataPlate, trace_model
+from pyro_flat.target.user_potential import UserPotential, per_chain_shapes
 
 __all__ = [
     "ChainMinibatches",
@@ -42,10 +43,12 @@ __all__ = [
     "Site",
     "Target",
     "UnknownLatentSite",
+    "UserPotential",
     "as_scalar_energy",
     "check_observed_site",
     "is_identity_transform",
     "latent_sites",
     "observed_shape_error",
+    "per_chain_shapes",
     "trace_model",
 ]

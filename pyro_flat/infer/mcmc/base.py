@@ -13,11 +13,10 @@ state.
 
 from __future__ import annotations
 
-import inspect
 import math
 import warnings
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import pyro.util
@@ -27,8 +26,16 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro_flat import validation
 from pyro_flat.infer.mcmc import adaptation, gradient_noise
 from pyro_flat.infer.mcmc.adaptation import DiagonalMetric
+from pyro_flat.infer.mcmc.arguments import (
+    check_finite_arguments,
+    check_initial_params,
+    check_schedule,
+    device_of,
+    has_chain_rows,
+)
 from pyro_flat.infer.mcmc.chains import ChainStreams, VectorizedPotential
 from pyro_flat.infer.mcmc.checkpoint import Checkpoints, state_fingerprint
+from pyro_flat.infer.mcmc.divergence import divergence_message, warn_if_blown_up
 from pyro_flat.infer.mcmc.estimators import Estimate, MinibatchGradient
 from pyro_flat.infer.mcmc.recorder import DrawRecorder
 from pyro_flat.infer.mcmc.state import KernelState, StateField
@@ -38,53 +45,13 @@ from pyro_flat.target.minibatch import ChainMinibatches
 from pyro_flat.target.potential import ModelPotential
 from pyro_flat.target.target import Target
 from pyro_flat.target.tracing import trace_model
+from pyro_flat.target.user_potential import UserPotential, per_chain_shapes
 
-#: A draw whose gradient norm exceeds this multiple of the run's median raises a warning.
-BLOW_UP_FACTOR = 100.0
 #: The default ``stability_fraction``: the adapted step as a fraction of the stability limit.
 STABILITY_FRACTION = 0.2
 
 
-def _check_initial_params(params: Any) -> Any:
-    """``initial_params`` must map site names to values (tensors or what torch makes one of)."""
-    if params is not None and not (isinstance(params, Mapping)
-                                   and all(isinstance(k, str) for k in params)):
-        raise ValueError("initial_params must be a dict of site name -> initial value (in the "
-                         f"unconstrained space), got {params!r}")
-    return params
 
-
-class _UserPotential:
-    """Adapts a user's ``potential_fn(params) -> U`` to the kernels' ``(params, batch)`` call
-    (with ``num_chains``, a batched ``potential_fn`` that returns one energy per chain)."""
-
-    #: A user's potential holds its whole prior.
-    flat_prior = None
-
-    def __init__(self, potential_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor],
-                 num_chains: int | None = None):
-        self.potential_fn = potential_fn
-        self.num_chains = num_chains
-
-    def __call__(self, params: dict[str, torch.Tensor], batch: Any = None) -> torch.Tensor:
-        u = self.potential_fn(params)
-        if self.num_chains is not None and torch.as_tensor(u).shape != (self.num_chains,):
-            raise ValueError(
-                f"vectorized_chains={self.num_chains}: the potential_fn must return one energy "
-                f"per chain, shape ({self.num_chains},), got {tuple(torch.as_tensor(u).shape)}")
-        return u
-
-
-def _per_chain_shapes(shapes: dict[str, torch.Size], k: int) -> dict[str, torch.Size]:
-    """Site shapes without the leading chain dimension of a vectorised ``potential_fn``."""
-    out = {}
-    for name, shape in shapes.items():
-        if len(shape) == 0 or shape[0] != k:
-            raise ValueError(f"vectorized_chains={k}: every site needs a leading dimension of "
-                             f"size {k} (one row per chain), site {name!r} has shape "
-                             f"{tuple(shape)}")
-        out[name] = shape[1:]
-    return out
 
 
 class SGMCMCKernel(Checkpoints, MCMCKernel):
@@ -246,7 +213,7 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
                     "step size: omit step_size and step_size_schedule"
                 )
         if step_size_schedule is not None:
-            _check_schedule(step_size_schedule)
+            check_schedule(step_size_schedule)
         if init_strategy is not None and not callable(init_strategy):
             raise TypeError(
                 f"init_strategy must be a callable Pyro init strategy such as "
@@ -301,7 +268,7 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
         self.metric: DiagonalMetric | None = None
         #: What warmup measures and chooses (:class:`~pyro_flat.infer.mcmc.warmup.Warmup`).
         self.warmup = Warmup(self)
-        self._kernel_initial_params = _check_initial_params(initial_params)
+        self._kernel_initial_params = check_initial_params(initial_params)
         self._user_initial_params: dict[str, torch.Tensor] | None = None
         self._initial_params: dict[str, torch.Tensor] | None = None
         self._resume_state: dict[str, Any] | None = None
@@ -414,7 +381,7 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
 
     @initial_params.setter
     def initial_params(self, params: dict[str, torch.Tensor]) -> None:
-        self._user_initial_params = _check_initial_params(params)
+        self._user_initial_params = check_initial_params(params)
 
     @property
     def layout(self) -> FlatLayout:
@@ -456,14 +423,14 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
         self._warmup_steps = warmup_steps
         self._draw = 0
         k = self.vectorized_chains
-        device = _device_of(args, kwargs)
+        device = device_of(args, kwargs)
         # Vectorised chains: one random stream per chain, each consumed as a single chain
         # consumes torch's global one (see chains.py); a single chain uses the global stream.
         self.chain_streams = None if k is None else ChainStreams(k, torch.initial_seed(), device)
         #: The chains' minibatches (``None``: full batch, or a model that subsamples itself).
         self.minibatches: ChainMinibatches | None = None
         if self.model is not None:
-            _check_finite_arguments(args, kwargs)
+            check_finite_arguments(args, kwargs)
             if self.init_strategy is None:
                 from pyro_flat.nn import init_to_network as init_strategy
             else:
@@ -500,9 +467,9 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
                 raise ValueError("a potential_fn needs initial_params, in the kernel or in MCMC")
             shapes = {name: v.shape for name, v in init.items()}
             if k is not None:
-                shapes = _per_chain_shapes(shapes, k)
+                shapes = per_chain_shapes(shapes, k)
             layout, plate = FlatLayout.from_shapes(shapes), None
-            self.potential = _UserPotential(self.potential_fn, k)
+            self.potential = UserPotential(self.potential_fn, k)
             inits = [init] if k is None else [{n: v[c] for n, v in init.items()}
                                                for c in range(k)]
         self._layout = layout
@@ -714,7 +681,7 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
                     RuntimeWarning,
                     stacklevel=2,
                 )
-            self._warn_if_blown_up(stats["grad_norm"])
+            warn_if_blown_up(type(self).__name__, stats["grad_norm"])
         finally:  # last, so that a callback that raises leaves the run's end recorded
             for callback in callbacks:
                 callback(self)
@@ -724,27 +691,6 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
         :meth:`cleanup`, after the last draw's statistics are complete), e.g. for
         :class:`pyro_flat.DrawWriter` to check that the run drew the draws it was told of."""
         self._end_of_run_callbacks.append(callback)
-
-    def _warn_if_blown_up(self, grad_norm: torch.Tensor) -> None:
-        """A chain can explode and stay finite; say so when a draw's gradient norm jumps far
-        above the run's median (the draws stay as they are, marked by their statistics).
-        ``grad_norm`` is ``(draws,)``, or ``(draws, K)`` for vectorised chains."""
-        finite = grad_norm[torch.isfinite(grad_norm)]
-        if len(finite) < 4:
-            return
-        median = float(finite.median())
-        jumps = torch.nonzero(grad_norm > BLOW_UP_FACTOR * median)
-        if len(jumps) and median > 0:
-            first = tuple(int(i) for i in jumps[0])
-            where = f"draw {first[0]}" + (f" of chain {first[1]}" if len(first) > 1 else "")
-            warnings.warn(
-                f"{type(self).__name__}: the gradient norm at {where} is "
-                f"{float(grad_norm[first]):.3g}, over {BLOW_UP_FACTOR:g} times the run's median "
-                f"{median:.3g}, at {len(jumps)} draws: the chain may have blown up; look at the "
-                "lp and grad_norm statistics and try a smaller step_size",
-                RuntimeWarning,
-                stacklevel=2,
-            )
 
     # ------------------------------------------------------------------ the hot path
 
@@ -807,7 +753,7 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
             self._nonfinite += 1
             self._num_recent_nonfinite += 1
             if self._num_recent_nonfinite >= self.max_nonfinite_steps:
-                raise RuntimeError(self._divergence_message(u, estimate.grad))
+                raise RuntimeError(self._divergence(u, estimate.grad))
             self._z.copy_(self._z_finite)
             self.state.reset_()
         self._t += 1
@@ -848,13 +794,13 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
             stopped = torch.nonzero(self._num_recent_nonfinite >= self.max_nonfinite_steps)
             if len(stopped):
                 c = int(stopped[0])
-                raise RuntimeError(self._divergence_message(float(estimate.energy[c]),
-                                                            estimate.grad[c], c))
+                raise RuntimeError(self._divergence(float(estimate.energy[c]),
+                                                    estimate.grad[c], c))
             self._z_finite[finite] = self._z[finite]
             if self.warmup.collects_moments:
                 self.warmup.accumulate(estimate.grad, finite)
             kept = {f.name: getattr(state, f.name)[bad].clone() for f in state.fields
-                    if f.persistent and _has_chain_rows(getattr(state, f.name), len(bad))}
+                    if f.persistent and has_chain_rows(getattr(state, f.name), len(bad))}
             self.active_chains = finite
             try:
                 self.update(state, estimate, eps)
@@ -927,29 +873,14 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
         epoch's end it draws a permutation: save and restore the random state around it."""
         return None if self.minibatches is None else self.minibatches.peek()
 
-    def _divergence_message(self, u: float, grad: torch.Tensor, chain: int | None = None
-                            ) -> str:
-        z = self._z if chain is None else self._z[chain]
-        recent = self._num_recent_nonfinite if chain is None else int(
-            self._num_recent_nonfinite[chain])
-        in_a_row = self._nonfinite if chain is None else int(self._nonfinite[chain])
-        sites = self._layout.nonfinite_sites(grad)
-        if sites:
-            where = f"; non-finite gradient at sites {sites}"
-        elif sites := self._layout.nonfinite_sites(z):
-            where = f"; non-finite parameters at sites {sites}"
-        else:  # every element finite, but U or the gradient's norm overflows
-            sizes = {s.name: float(grad[s.offset : s.stop].abs().max())
-                     for s in self._layout.sites if s.numel}
-            name = max(sizes, key=sizes.get)
-            where = f"; the largest gradient, {sizes[name]:.3g}, is at site {name!r}"
-        which = "the chain" if chain is None else f"chain {chain} of {self.vectorized_chains}"
-        return (
-            f"{which} diverged: the potential or its gradient was non-finite at "
-            f"{recent} of the last {len(self._recent_nonfinite)} SG steps "
-            f"({in_a_row} in a row), the last at step {self._t} (U = {u}){where}. "
-            "Try a smaller step_size."
-        )
+    def _divergence(self, u: float, grad: torch.Tensor, chain: int | None = None) -> str:
+        """The message of :func:`~.divergence.divergence_message` for this chain (``chain``:
+        the row of vectorised chains)."""
+        row = (lambda x: x) if chain is None else (lambda x: int(x[chain]))
+        return divergence_message(
+            self.layout, self._z if chain is None else self._z[chain], grad, u, self._t,
+            row(self._num_recent_nonfinite), len(self._recent_nonfinite), row(self._nonfinite),
+            chain, self.vectorized_chains)
 
     def __getstate__(self) -> dict[str, Any]:
         # What a worker process needs: the arguments, not the per-run state.
@@ -962,43 +893,3 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
             keep[k] = None if k in ("state", "recorder") or isinstance(v, KernelState) else v
         return keep
 
-
-def _has_chain_rows(value: Any, num_chains: int) -> bool:
-    return torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == num_chains
-
-
-def _check_schedule(schedule: Any) -> None:
-    """A step-size schedule must be a callable of one argument, the SG step index."""
-    if not callable(schedule):
-        raise ValueError(
-            f"step_size_schedule must be a callable of the step index, got {schedule!r}"
-        )
-    try:
-        inspect.signature(schedule).bind(0)
-    except TypeError:
-        raise TypeError(
-            "step_size_schedule must take one argument, the SG step index t = 0, 1, ..., and "
-            f"return the step size; {schedule!r} cannot be called as step_size_schedule(t)"
-        ) from None
-    except ValueError:  # no signature to inspect (some builtins): trust it
-        pass
-
-
-def _check_finite_arguments(args: tuple, kwargs: dict) -> None:
-    """Raise ``ValueError`` naming the first model argument that holds a NaN or an infinity."""
-    named = [(f"model argument {i} (positional)", a) for i, a in enumerate(args)]
-    named += [(f"model argument {k!r}", a) for k, a in kwargs.items()]
-    for name, a in named:
-        if torch.is_tensor(a) and a.is_floating_point() and not bool(torch.isfinite(a).all()):
-            bad = int((~torch.isfinite(a)).sum())
-            raise ValueError(
-                f"{name} holds {bad} non-finite value(s) (NaN or inf); the potential would be "
-                "non-finite at every step. Remove or impute them before mcmc.run(...)"
-            )
-
-
-def _device_of(args: tuple, kwargs: dict) -> torch.device:
-    for a in (*args, *kwargs.values()):
-        if torch.is_tensor(a):
-            return a.device
-    return torch.device("cpu")

@@ -88,8 +88,9 @@ class ContourSGLD(SGMCMCKernel):
       span :math:`\Delta` with the paper's gain but only :math:`\Delta/\zeta` with
       ``sa_power=1`` and a large :math:`\zeta` (the flattened target is then flat in energy,
       as with the paper's gain at :math:`\zeta = 1`). For a barrier of tens of nats use a
-      large ``zeta`` with ``sa_power=1`` (toy B of ``benchmarks/contour_sgld.py``, a 76-nat
-      barrier at T = 50: ``zeta=20``); for barriers of a few nats the paper's gain (toy A).
+      large ``zeta`` with ``sa_power=1`` (for a 76-nat barrier at T = 50, ``zeta=20``, so that
+      :math:`\log g` spans only 3.8 nats); for barriers of a few nats the paper's gain. See
+      docs/methods/contour_sgld.md, "Choosing the bins".
     * **Weights (beyond the paper).** The move above is Langevin dynamics for
       :math:`\exp(-U/T - \zeta\Phi(U))`, where :math:`\Phi` is the continuous, piecewise-linear
       function whose slope on bin ``j`` is the one the multiplier uses,
@@ -104,9 +105,8 @@ class ContourSGLD(SGMCMCKernel):
       :math:`\Phi(e_J) = \log g_{J-1}`: the piecewise-constant :math:`\log g[J]` of the
       paper's weight :math:`g_k[J_k]^\zeta` and this :math:`\Phi` differ inside a bin by up to
       a bin's change of :math:`\log g`, times :math:`\zeta`, and where the multiplier is
-      clipped by far more; on a mixture with masses 0.25 / 0.75 the paper's weight gave
-      P(left) of 0.45 (:math:`\zeta = 10`, bins of width 1) and 0.77 (:math:`\zeta = 0.75`,
-      width 0.1) where this one is consistent (``tests/infer/mcmc/test_contour.py``). The
+      clipped by far more, so the paper's weight is biased when the modes have unequal
+      masses, where this one is consistent (see docs/papers.md). The
       draw :math:`\theta_k` gets ``log_weight`` :math:`= \zeta\Phi_k(\hat U(\theta_k))` with
       :math:`g` before the SA update with that energy. The price of consistency is variance:
       the weight tilts with the energy inside a bin, so minibatch energies that scatter by a
@@ -116,9 +116,7 @@ class ContourSGLD(SGMCMCKernel):
       The weight is exact for the continuous-time dynamics at a fixed ``g``; the discretised
       chain (the clipped multiplier scales the gradient step by up to ``max(|clip|)``, and
       :math:`\Phi` has kinks at the bin edges) and the first draws, while ``g`` is still far
-      from its limit, add a bias that shrinks with a smaller step and a longer run: on that
-      mixture, at :math:`\epsilon = 10^{-2}` over 40,000 steps, about +0.04
-      (:math:`\zeta = 0.75`) and -0.02 (:math:`\zeta = 10`) on P(left).
+      from its limit, add a bias that shrinks with a smaller step and a longer run.
     * **Outside the partition (beyond the paper).** Energies below :math:`e_0` or at or
       above :math:`e_m` take the plain gradient, :math:`\mu = 1`, and a flat :math:`\Phi`,
       continuous at the edge:
@@ -131,18 +129,13 @@ class ContourSGLD(SGMCMCKernel):
       the dynamics sample :math:`\pi_T e^{-\zeta\Phi(e_0)}` below the partition and
       :math:`\pi_T e^{-\zeta\Phi(e_m)}` above it, and the weight
       :math:`e^{\zeta\Phi(\hat U_k)}`, constant out there, undoes exactly that. The paper and
-      the official code extend the multiplier of the outer bins (and so, for consistency,
-      this kernel extended :math:`\Phi` linearly) to every energy beyond them. That is
-      unsafe by default: while ``g`` under-estimates the top bin its multiplier is negative
-      and pushes the chain uphill, without limit on a potential that grows without bound,
-      and the linear :math:`\Phi` gives a draw far above the partition a weight that takes
-      all the mass (reported: a two-mode target with masses 0.25 / 0.75, bins over [0, 20),
-      no clip, no box, a draw at energy 41 with ``log_weight`` 884, and the reweighted mass
-      of the heavy mode 0 after 221 barrier crossings). In ``pyro-flat compare`` on diabetes
-      the BNN's energy rose above the bins placed by ``auto_bins`` from the fourth draw on,
-      and the extrapolated top slope gave the draws ``log_weight`` -6 to 410 rising with the
-      energy (seed 0; ESS 1.0 of 12 on every seed). With the flat rule the chain above the
-      partition is plain SGLD, pulled
+      the official code extend the multiplier of the outer bins to every energy beyond them
+      (and a consistent weight would then extend :math:`\Phi` linearly). That is unsafe by
+      default: while ``g`` under-estimates the top bin its multiplier is negative and pushes
+      the chain uphill, without limit on a potential that grows without bound, and the linear
+      :math:`\Phi` gives a draw far above the partition a weight that takes all the mass
+      (examples in docs/methods/contour_sgld.md, "Outside the partition"). With the flat rule
+      the chain above the partition is plain SGLD, pulled
       back by the gradient of :math:`U`, and every weight lies within the range of
       :math:`\zeta\Phi` over :math:`[e_0, e_m]`, whatever the energy. With
       ``multiplier_clip`` the slopes inside are the clipped ones and the outside is the same;
@@ -736,12 +729,10 @@ def weights_ess_threshold(num_draws: int) -> float:
 
     Why an absolute floor and not a fraction of the draws: the weights undo the flattening,
     so a healthy run with a large :math:`\zeta` spends most of its draws at energies that
-    carry little mass, and its ESS is a small fraction of the draws by design (about 2% on a
-    two-mode mixture at :math:`\zeta = 10` after 20,000 steps), and stays so however long
-    it runs; a fraction would warn on every such run. A collapse is different: one or two
-    draws carry the whole estimate (ESS 1.0 of 12 draws on every seed of the diabetes
-    evidence, 1.0 of 1,800 on the mixture, both before the flat-outside-the-partition rule;
-    5.0-5.3 of 12 on diabetes after it).
+    carry little mass, and its ESS is a small fraction of the draws by design, and stays so
+    however long it runs; a fraction would warn on every such run. A collapse is different:
+    one or two draws carry the whole estimate (see docs/methods/contour_sgld.md, "Effective
+    sample size of the weights").
     Below 5 effective draws a reweighted mean rests on a handful of draws, and its error
     cannot be judged from the weights: the variance of a self-normalised weighted mean is
     about :math:`\mathrm{Var}_\pi(f)/\mathrm{ESS}` (Kong, 1992) only when the ESS is large
@@ -794,10 +785,8 @@ def reweight(
         chain take almost all the weight (large variance). Per chain, the estimate is a mean
         of ratios, each biased by about one over the number of independent stretches in its
         chain: with chains that cross between modes only a few times it leans towards the
-        flattened chain's own proportions (on a two-mode mixture with masses 0.25 / 0.75,
-        chains of 2,000 steps crossing about 6 times: 0.32-0.43 per chain, 0.23-0.25 pooled;
-        ``tests/infer/mcmc/test_contour.py``). Pool short chains; use ``chain_dim`` for long
-        ones with a large :math:`\zeta`.
+        flattened chain's own proportions (docs/methods/contour_sgld.md gives an example).
+        Pool short chains; use ``chain_dim`` for long ones with a large :math:`\zeta`.
 
     Returns
     -------

@@ -70,9 +70,9 @@ class EntropyMCMC(SGMCMCKernel):
     which is what costs on a CPU. :math:`\xi_2` does not depend on the step, so when a core is
     spare (torch's intra-op threads leave one free) it is drawn ahead in blocks on a worker
     thread (:class:`~pyro_flat.infer.mcmc.noise.PrefetchedNormal`, same values; attribute
-    ``prefetch_noise``). A step of a 784-100-100-10 MLP costs about 1.1 times SGLD's with a
-    spare core and 1.3 times with every core busy; on a small CNN, whose gradient dominates,
-    about 1.0 (``benchmarks/kernel_step_ratio.py``, results in ``benchmarks/results/``).
+    ``prefetch_noise``). On a network whose gradient dominates the step (a CNN) a step costs
+    about as much as SGLD's; on a small MLP the second vector adds a noticeable share, less
+    with a spare core than with every core busy (docs/methods/entropy_mcmc.md, "Cost").
 
     **Draws** hold :math:`\theta` under the model's site names and :math:`\theta_a` under the same
     names with the suffix ``"__guide"``; :func:`select_draws` maps either (or both) onto the

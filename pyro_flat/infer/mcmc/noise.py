@@ -3,9 +3,8 @@
 A second set of variables, such as EntropyMCMC's guiding copy :math:`\\theta_a`, needs a second
 Gaussian vector the size of the network at every step. Its cost grows with the number of
 parameters, not with the work of the forward pass, so on a small MLP it is a sizeable part of
-the step (about 20% of an SGLD step of the 784-100-100-10 MLP at batch 128). The vectors come
-from torch's ``normal_``, the fastest of the exact generators compared by
-``benchmarks/gaussian_generators.py``.
+the step. The vectors come from torch's ``normal_``, the fastest of the exact generators
+available (docs/methods/entropy_mcmc.md, "Cost").
 
 The noise is independent of everything else in a step, so :class:`PrefetchedNormal` fills the
 next *block* of vectors on a worker thread while the model's gradients are computed (PyTorch
@@ -14,9 +13,9 @@ generator, in order, so the values are exactly those of synchronous draws and ru
 reproducible; blocks (up to 8 vectors, at most 4 MiB) make the hand-over between threads rare.
 If the worker has not started the next block when it is needed, the calling thread cancels it
 and draws the block itself. Without a spare core (``torch.get_num_threads()`` already uses
-every core this process may run on) or off the CPU it draws in line. With a spare core an
-EntropyMCMC step of that MLP costs about 1.1 times SGLD's, drawn in line about 1.25 times
-(``benchmarks/kernel_step_ratio.py``; the measurements are in ``benchmarks/README.md``).
+every core this process may run on) or off the CPU it draws in line. Drawing ahead on a
+spare core takes the noise off the critical path of the step; docs/methods/entropy_mcmc.md,
+"Cost", gives EntropyMCMC's step time with and without it.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ energy :math:`\hat U`. A network's weights, and the energy of a network (its pri
 the weights' squared norm), wander along the flat and symmetric directions of the posterior
 far more slowly than anything the network predicts or the scales a user reads, and between
 modes of different energy that no chain crosses: their autocorrelation would ask for
-thinning that buys nothing (``benchmarks/minibatch_noise.py`` measures it).
+thinning that buys nothing.
 
 **The estimate.** At the end of a window the kernel estimates each summary's integrated
 autocorrelation time :math:`\tau` in SG steps (:func:`integrated_autocorrelation_time`: in

@@ -169,7 +169,7 @@ class SharpnessAwareELBO(LeanELBO):
     still with the ascent step, and a ``UserWarning`` says so once (:meth:`fallback_message`).
 
     **Cost**: two forward and backward passes per particle (the first backward only to the
-    means), so about twice the ELBO it is built on (``benchmarks/lean_elbo.py``).
+    means), so about twice the ELBO it is built on (docs/methods/sharpness_aware_svi.md).
     With ``rho = 0`` the second pass is skipped: loss and gradients are ``Trace_ELBO``'s at the
     same seed (to float rounding on the lean path, exactly otherwise).
 

@@ -61,9 +61,9 @@ class L2E(SGMCMCKernel):
 
     **Cost.** Per step, besides the gradient, two passes of the network over all parameters
     (about 1,400 multiply-adds per parameter each). On x86-64 CPUs with AVX2 they run in a
-    compiled kernel built on first use (:mod:`pyro_flat.infer.mcmc.l2e.native`; torch's kernels
-    elsewhere, about half as fast); ``benchmarks/l2e_step_time.py`` measures the step against
-    SGLD's.
+    compiled kernel built on first use (:mod:`pyro_flat.infer.mcmc.l2e.native`; torch's
+    slower kernels elsewhere). On small networks these passes, not the gradient, dominate the
+    step; docs/methods/l2e.md, "Cost", gives the step time against SGLD's.
 
     Parameters
     ----------
@@ -75,7 +75,8 @@ class L2E(SGMCMCKernel):
         The network's parameters: a :class:`~pyro_flat.infer.mcmc.l2e.meta_net.MetaNet`, an
         ``.npz`` file (this project's format or the authors' haiku layout ``linear_0.w`` ...),
         a mapping of those names to arrays, or ``None`` for the parameters shipped with
-        pyro_flat (meta-trained by ``benchmarks/l2e_meta_train.py``).
+        pyro_flat (meta-trained by :mod:`pyro_flat.infer.mcmc.l2e.training`; see
+        docs/methods/l2e.md).
     step_mult : float
         The authors' step multiplier, used when ``step_size`` is ``None``; positive.
     num_data : int, optional

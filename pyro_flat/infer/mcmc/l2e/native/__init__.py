@@ -4,7 +4,7 @@ r"""A compiled CPU kernel for L2E's meta-network pass, built from C on first use
 L2E on every parameter twice per step. With torch's kernels that is six matrix-library calls
 and three elementwise passes per chunk of rows; ``meta_rows.c`` computes the network row by row
 (sixteen rows per SIMD pass, AVX2 and FMA) with its weights and activations in the first-level
-cache, about twice as fast on one core (``benchmarks/l2e_step_time.py``). It is used when
+cache, which is faster (docs/methods/l2e.md, "Cost", compares the two). It is used when
 
 * the input is float32 on the CPU, in the feature-major layout of
   :class:`~pyro_flat.infer.mcmc.l2e.meta_net.L2EState`, and the network is 9-32-32;

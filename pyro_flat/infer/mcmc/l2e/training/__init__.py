@@ -1,8 +1,8 @@
 """Meta-training of L2E's sampler: the task distribution and antithetic evolution strategies.
 
-This is how the meta-parameters shipped with :class:`pyro_flat.infer.L2E` were trained
-(``benchmarks/l2e_meta_train.py``). It lives outside :mod:`pyro_flat.infer` because its tasks
-need the data sets of :mod:`pyro_flat.datasets`, which sampling does not.
+This is how the meta-parameters shipped with :class:`pyro_flat.infer.L2E` were trained. Sampling
+never imports it: its tasks need the data sets of :mod:`pyro_flat.datasets`, which sampling
+does not.
 
 * :mod:`~pyro_flat.infer.mcmc.l2e.training.tasks`: :class:`Task`, :func:`make_task`,
   :func:`sample_task`.

@@ -18,8 +18,8 @@ The inner loop is :func:`pyro_flat.infer.mcmc.l2e.meta_net.l2e_step_`, the updat
 
 Differences from the authors' meta-training (``meta_training.py``, ``full_es_function_bma.py``),
 all chosen to fit two CPU cores: inner runs of 400 steps (theirs 3000) with snapshots every 20
-of the last 200 (theirs every 50 of the last 500); 500 outer steps by default in
-``benchmarks/l2e_meta_train.py`` (theirs 5000); small MLPs/CNNs on MNIST-1D, digits and a
+of the last 200 (theirs every 50 of the last 500); 500 outer steps for the shipped
+meta-parameters (theirs 5000); small MLPs/CNNs on MNIST-1D, digits and a
 synthetic regression (theirs conv nets on small image sets); the meta-loss on a held-out set of
 256 points (theirs a single validation batch, a noisy estimate); the paper's noise
 ``2 C eps T`` with ``T = 1`` (theirs ``2 C noise_mult``); ``step_mult = 2`` (theirs 0.5 in
