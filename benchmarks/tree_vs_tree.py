@@ -75,6 +75,18 @@ def per_step(tree: Path, name: str, steps: int) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def _revision(tree: Path) -> str:
+    """The tree's git commit (``+`` if it has uncommitted changes), if it is a checkout."""
+    try:
+        head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--",
+                                "pyro_flat"], capture_output=True, text=True, check=True).stdout
+        return f"commit {head}{'+' if dirty.strip() else ''}"
+    except (OSError, subprocess.CalledProcessError):
+        return "not a git checkout"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--old", type=Path, required=True, help="the old source tree")
@@ -98,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {r}: {w}: old {1e3 * t['old']:.3f} ms, new {1e3 * t['new']:.3f} ms, "
                   f"ratio {t['new'] / t['old']:.3f}", flush=True)
     lines = ["# Per-step time, new tree / old tree", "",
-             f"- old: `{args.old}`, new: `{args.new}`; {args.rounds} rounds, one torch thread, "
+             f"- old: `{args.old}` ({_revision(args.old)}), new: `{args.new}` "
+             f"({_revision(args.new)}); {args.rounds} rounds, one torch thread, "
              "a fresh process per measurement, alternating order", "",
              "| workload | old ms/step (median) | new ms/step (median) | ratio median | range |",
              "|---|---:|---:|---:|---:|"]

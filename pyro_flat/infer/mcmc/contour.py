@@ -309,6 +309,8 @@ class ContourSGLD(SGMCMCKernel):
 
         fields = [
             NOISE,
+            StateField("step_grad", "buffer for the multiplied gradient the step moves with",
+                       init="scratch"),
             StateField("energy_pdf", "g, the learned energy PDF, (m,) or (K, m)",
                        init=self._initial_energy_pdf),
             StateField("num_sa_updates", "SA updates of g so far",
@@ -540,7 +542,8 @@ class ContourSGLD(SGMCMCKernel):
         if self.bins_fixed:
             mults = self._sa_step(estimate.energy, active)
             if any(m != 1.0 for m in mults):
-                grad.mul_(torch.tensor(mults, dtype=grad.dtype).view(*z.shape[:-1], 1))
+                grad = torch.mul(grad, torch.tensor(mults, dtype=grad.dtype).view(
+                    *z.shape[:-1], 1), out=state.step_grad)
         if self.bounds is not None:
             state.before.copy_(z)
         langevin_step_(z, grad, step_size, self.temperature, state.noise, metric=self.metric)

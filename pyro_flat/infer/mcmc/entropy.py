@@ -27,6 +27,8 @@ GUIDE_MOMENTUM = StateField("guide_momentum", "the guide's momentum (underdamped
                             reset=True)
 GUIDE_GRAD = StateField("guide_grad", "buffer for the coupling force on the guide",
                         init="scratch")
+THETA_GRAD = StateField("theta_grad", "buffer for theta's gradient plus the coupling force",
+                        init="scratch")
 
 
 class EntropyMCMC(SGMCMCKernel):
@@ -158,7 +160,7 @@ class EntropyMCMC(SGMCMCKernel):
         self.eta = validation.positive("eta", eta)
         self.dynamics, self.friction = dyn.resolve_dynamics("EntropyMCMC", dynamics, friction)
         self.state_fields = ((GUIDE, NOISE) if self.dynamics == "langevin" else
-                             (GUIDE, MOMENTUM, GUIDE_MOMENTUM, GUIDE_GRAD, NOISE))
+                             (GUIDE, MOMENTUM, GUIDE_MOMENTUM, GUIDE_GRAD, THETA_GRAD, NOISE))
         self.mass = validation.positive("mass", mass)
         self.tempered_coupling = bool(tempered_coupling)
         self.coupling = bool(coupling)
@@ -240,7 +242,7 @@ class EntropyMCMC(SGMCMCKernel):
             # gradient of the joint energy in theta_a: k (theta_a - theta); in theta: grad + that
             guide_grad = state.guide_grad
             torch.sub(guide, z, out=guide_grad)
-            grad.sub_(guide_grad, alpha=k)
+            grad = torch.sub(grad, guide_grad, alpha=k, out=state.theta_grad)
             guide_grad.mul_(k)
             c, m = self.friction, self.mass
             underdamped_step_(z, state.momentum, grad, step_size, c, m, t, state.noise)

@@ -30,9 +30,12 @@ from pyro_flat.batchnorm_state import kept_running_stats
 Evaluate = Callable[[torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Estimate:
-    """One SG step's evaluation of the potential.
+    """One SG step's evaluation of the potential. An update reads it and never writes to it:
+    a rule that changes the gradient it moves with (a multiplier, a coupling force) writes the
+    result into a buffer of its own state (``init="scratch"``), since ``grad`` is the
+    target's gradient buffer.
 
     Attributes
     ----------

@@ -136,6 +136,31 @@ def test_resume_is_bitwise(name, data):
 
 
 @pytest.mark.parametrize("vectorized", [False, True], ids=["one chain", "vectorized"])
+@pytest.mark.parametrize("name", NAMES + list(UNDERDAMPED))
+def test_an_update_leaves_the_estimate_as_it_was(name, vectorized, data):
+    """The estimate a step moves with is read-only: after every update, ``grad`` (the
+    target's gradient buffer, whose norm is ``grad_norm``) and ``step_grad`` hold what the
+    estimator returned. ContourSGLD multiplies its gradient and underdamped EntropyMCMC adds
+    the coupling force; both write into buffers of their own state."""
+    kernel_name, kw = UNDERDAMPED.get(name, (name, {}))
+    kernel = _kernel(kernel_name, **kw, **({"vectorized_chains": 2} if vectorized else {}))
+    update, checked = kernel.update, [0]
+
+    def checking(state, estimate, step_size):
+        grad, step_grad = estimate.grad.clone(), estimate.step_grad.clone()
+        update(state, estimate, step_size)
+        assert torch.equal(estimate.grad, grad), f"{name}: grad changed by the update"
+        assert torch.equal(estimate.step_grad, step_grad), f"{name}: step_grad changed"
+        checked[0] += 1
+
+    kernel.update = checking
+    mcmc = harness.run(kernel, 30, 30, 0, *data)  # ContourSGLD's bins are placed in warmup
+    assert checked[0] == mcmc.kernel.num_steps >= 60
+    if kernel_name == "ContourSGLD":  # the multiplier was in force, not 1
+        assert (harness_stats(mcmc)["energy_bin"] >= 0).any()
+
+
+@pytest.mark.parametrize("vectorized", [False, True], ids=["one chain", "vectorized"])
 @pytest.mark.parametrize("name", NAMES)
 def test_a_checkpoint_saved_to_disk_resumes_bitwise(name, vectorized, data, tmp_path):
     """``torch.save(kernel.state_dict(), f)`` and ``torch.load(f)`` with torch's defaults
