@@ -1,6 +1,7 @@
-"""A new kernel in 40 lines: the stochastic gradient Nose-Hoover thermostat (Ding et al. 2014)."""
+"""A new kernel in 46 lines: the stochastic gradient Nose-Hoover thermostat (Ding et al. 2014)."""
 
 import math
+from functools import partial
 
 import torch
 
@@ -27,7 +28,7 @@ class SGNHT(SGMCMCKernel):
             StateField("momentum", "p, zero at the start and after a non-finite step",
                        reset=True),
             StateField("thermostat", "xi, one per chain, starting at A",
-                       init=lambda s: torch.full(s.position.shape[:-1] + (1,), diffusion)),
+                       init=partial(thermostat_start, diffusion)),
             StateField("noise", "buffer for eta", init="scratch"),
         )
 
@@ -39,3 +40,7 @@ class SGNHT(SGMCMCKernel):
         state.position.add_(p, alpha=step_size)
         kinetic = p.square().mean(-1, keepdim=True)
         xi.add_(kinetic.sub_(t), alpha=step_size)
+
+
+def thermostat_start(diffusion, state):  # a module-level function: worker processes pickle it
+    return torch.full(state.position.shape[:-1] + (1,), diffusion)

@@ -122,10 +122,13 @@ from pyro_flat.infer import (
     CyclicalSGLD,
     EntropyMCMC,
 )
+from pyro_flat.infer.mcmc import registry
 
 from .models import PROBLEMS, Problem
 
-KERNELS = ("SGLD", "SGHMC", "CyclicalSGLD", "EntropyMCMC", "ContourSGLD", "SASGLD", "L2E")
+#: Every registered kernel (:data:`pyro_flat.infer.mcmc.registry.KERNELS`); a new one needs its
+#: settings in :func:`make_kernel`.
+KERNELS = tuple(registry.KERNELS)
 DATA_MODES = ("full", "plate", "subsample")
 STEP_MODES = ("given", "adapted")
 CHAIN_MODES = ("single", "vectorized")

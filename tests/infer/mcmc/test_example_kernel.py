@@ -1,4 +1,4 @@
-"""The 40-line kernel of the architecture page (``docs/examples/sgnht_kernel.py``) is a working
+"""The 46-line kernel of the architecture page (``docs/examples/sgnht_kernel.py``) is a working
 sampler: it writes only its update rule and its state, and gets from the base class what every
 kernel has (Pyro models with constrained sites, checkpoints that resume bitwise, the fall-back
 after a non-finite step)."""

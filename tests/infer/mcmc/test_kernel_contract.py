@@ -1,4 +1,5 @@
-"""The contract every pyro_flat kernel keeps, checked once for all seven.
+"""The contract every pyro_flat kernel keeps, checked once for every registered kernel
+(``pyro_flat.infer.mcmc.registry``) and the architecture page's example kernel.
 
 Through Pyro's whole user path on one minibatched regression model: the reduce-to-baseline
 equalities, bitwise resume from a checkpoint, two chains in spawned worker processes with every
@@ -7,7 +8,10 @@ transforms change shape, the stop of a diverging chain, and the bad-input table.
 own test file keeps only what is its own (its update rule, its target, its extra state).
 """
 
+import importlib
 import math
+import pathlib
+import sys
 
 import harness
 import pyro
@@ -18,6 +22,7 @@ from pyro.infer import MCMC
 
 from pyro_flat import kernel_diagnostics
 from pyro_flat.infer import L2E, SASGLD, SGHMC, SGLD, ContourSGLD, CyclicalSGLD, EntropyMCMC
+from pyro_flat.infer.mcmc import registry
 from pyro_flat.infer.mcmc.l2e.meta_net import MetaNet
 
 EPS = 5e-5
@@ -27,6 +32,13 @@ BASE_STATS = ("lp", "step_size", "grad_norm", "diverging")
 def _meta_net() -> MetaNet:
     return MetaNet.init(torch.Generator().manual_seed(0), planted=3.0, descent=30.0)
 
+
+# the architecture page's example kernel, importable by name (spawned workers unpickle it)
+sys.path.insert(0, str(pathlib.Path(__file__).parents[3] / "docs" / "examples"))
+sgnht_kernel = importlib.import_module("sgnht_kernel")
+#: The registry, with the architecture page's example kernel registered as a user would.
+REGISTERED = dict(registry.KERNELS)
+registry.register(sgnht_kernel.SGNHT, REGISTERED)
 
 #: name -> (factory of a kernel from a model and keyword arguments, extra statistics)
 KERNELS = {
@@ -40,8 +52,20 @@ KERNELS = {
                     ("energy", "energy_bin", "log_weight")),
     "SASGLD": (lambda m, eps=EPS, **kw: SASGLD(m, eps, rho=0.01, **kw), ("sharpness",)),
     "L2E": (lambda m, eps=EPS, **kw: L2E(m, eps, meta_params=_meta_net(), **kw), ()),
+    "SGNHT": (lambda m, eps=EPS, **kw: sgnht_kernel.SGNHT(m, eps, **kw), ()),
 }
-NAMES = list(KERNELS)
+NAMES = list(REGISTERED)
+
+
+def test_every_registered_kernel_is_under_contract():
+    """A kernel added to the registry (or registered by a user, as the example kernel is here)
+    runs every test of this file; one without a factory here fails."""
+    assert list(KERNELS) == NAMES
+    assert "SGNHT" in NAMES and set(registry.KERNELS) < set(NAMES)
+    with pytest.raises(TypeError, match="subclass of SGMCMCKernel"):
+        registry.register(object, {})
+    with pytest.raises(ValueError, match="a different kernel is registered as 'SGLD'"):
+        registry.register(type("SGLD", (SGLD,), {}), dict(REGISTERED))
 
 
 def _model():
@@ -261,7 +285,7 @@ def _diverging_run(name, **kw):
 @pytest.mark.parametrize("name", [n for n in NAMES if n != "L2E"])
 def test_a_diverging_chain_stops_naming_the_site_and_step(name):
     with pytest.raises(RuntimeError, match=r"non-finite at 20 of the last \d+ SG steps .*"
-                                           r"the last at step \d+ .*site 'net\.(weight|bias)'"):
+                                           r"the last at step \d+ .*sites? .*'net\.(weight|bias)'"):
         _diverging_run(name, max_nonfinite_steps=20)
 
 
