@@ -886,10 +886,11 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
         # What a worker process needs: the arguments, not the per-run state.
         keep = {}
         for k, v in self.__dict__.items():
-            if k in ("potential", "target", "_last_draw", "_initial_params",
-                     "_last_flat", "_z_finite", "aux_generator",
-                     "chain_streams", "minibatches"):
+            if k in ("potential", "_last_draw", "_initial_params",
+                     "_last_flat", "_z_finite", "aux_generator", "chain_streams"):
                 continue
-            keep[k] = None if k in ("state", "recorder") or isinstance(v, KernelState) else v
+            # set up again by each run, as before the first
+            unset = ("state", "recorder", "target", "minibatches")
+            keep[k] = None if k in unset or isinstance(v, KernelState) else v
         return keep
 
