@@ -3,12 +3,12 @@
 A subclass states its update rule in :meth:`SGMCMCKernel.update`, the state it carries beside
 the position as ``state_fields`` (:mod:`~pyro_flat.infer.mcmc.state`) and, if it is not the
 plain minibatch gradient, its gradient estimator (:mod:`~pyro_flat.infer.mcmc.estimators`);
-everything else lives here: tracing the model, transforms to the unconstrained space,
-initialisation, minibatches, the potential and its gradient, step-size schedules, thinning,
-per-draw statistics (:mod:`~pyro_flat.infer.mcmc.recorder`), divergence handling and
-vectorised chains, with warmup adaptation (:mod:`~pyro_flat.infer.mcmc.warmup`) and
-checkpoints (:mod:`~pyro_flat.infer.mcmc.checkpoint`) as mixins, all derived from the named
-state.
+everything else lives here: setting up the run's target (:class:`pyro_flat.target.Target`:
+the model traced, its transforms and potential) and minibatches, initialisation, step-size
+schedules, thinning, per-draw statistics (:mod:`~pyro_flat.infer.mcmc.recorder`), divergence
+handling (:mod:`~pyro_flat.infer.mcmc.divergence`) and vectorised chains. Warmup is an object
+the kernel holds (:class:`~pyro_flat.infer.mcmc.warmup.Warmup`); checkpoints
+(:mod:`~pyro_flat.infer.mcmc.checkpoint`) are a mixin, derived from the named state.
 """
 
 from __future__ import annotations
