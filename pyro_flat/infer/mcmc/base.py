@@ -322,6 +322,9 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
     #: Whether a run warns when the excess temperature is above the bound (a kernel whose
     #: dynamics were fitted to minibatch noise, as L2E's meta-learned ones, reports it only).
     warns_on_gradient_noise: bool = True
+    #: The fraction of warmup from which the adapted step also accounts for the minibatch
+    #: gradient noise (:meth:`fit_gradient_noise`); before it only stability counts.
+    noise_fit_from: float = adaptation.NOISE_FROM
 
     def fit_gradient_noise(self, step_size: float, curvature: float,
                            variance: torch.Tensor) -> float:

@@ -39,9 +39,11 @@ bias and variance of stochastic gradient Langevin dynamics. JMLR.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
+from scipy.optimize import brentq
 
 #: Minibatches per estimate of the gradient variance: a coordinate's variance estimate then
 #: has a relative standard error of about :math:`\sqrt{2/31} \approx 0.25`.
@@ -141,15 +143,16 @@ def corrected_friction(
     friction: float,
     step_for: Callable[[float], float],
     inverse_mass: torch.Tensor | None = None,
-    max_iterations: int = 50,
 ) -> tuple[float, float, torch.Tensor]:
     r"""SGHMC's friction, step size and noise correction for a measured gradient variance.
 
-    :math:`\hat B_i = \epsilon P_i v_i / (2T)`; where :math:`\max_i \hat B_i` exceeds
-    :data:`CORRECTION_SHARE` of the friction, the friction is raised to
-    :math:`\max_i \hat B_i / \text{share}` and the step recomputed (``step_for(friction)``, the
-    stability rule, gives a smaller step at a larger friction, and so a smaller
-    :math:`\hat B`), until the two agree.
+    :math:`\hat B_i = \epsilon P_i v_i / (2T)` at the step :math:`\epsilon` = ``step_for(C)``
+    of the stability rule, which is smaller at a larger friction :math:`C`. The friction is
+    the given one if :math:`\max_i \hat B_i` is at most :data:`CORRECTION_SHARE` of it, and
+    otherwise the smallest friction at which it is: the root of
+    :math:`\text{share}\cdot C - \max_i \hat B_i(C)`, which increases with :math:`C`
+    (:func:`scipy.optimize.brentq`). A larger friction would damp the momentum, and so slow
+    the chain, more than the noise requires.
 
     Returns
     -------
@@ -157,11 +160,16 @@ def corrected_friction(
     """
     scale = variance * (1.0 if inverse_mass is None else inverse_mass) / (2.0 * temperature)
     top = float(scale.max())
+
+    def needed(c: float) -> float:
+        return step_for(c) * top / CORRECTION_SHARE
+
+    if math.isfinite(top) and needed(friction) > friction:
+        # needed() does not increase with C, so needed(C) = C between the given friction and
+        # needed(given); searched on log C, where the bracket may span many decades
+        low, high = math.log(friction), math.log(needed(friction))
+        root = brentq(lambda x: math.exp(x) - needed(math.exp(x)), low, high, xtol=1e-10,
+                      rtol=1e-10)
+        friction = max(math.exp(root), needed(math.exp(root)))
     step = step_for(friction)
-    for _ in range(max_iterations):
-        needed = step * top / CORRECTION_SHARE
-        if needed <= friction * (1.0 + 1e-9):
-            break
-        friction = needed
-        step = step_for(friction)
     return friction, step, step * scale

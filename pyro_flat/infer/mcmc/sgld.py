@@ -114,6 +114,12 @@ class SGHMC(SGMCMCKernel):
 
     supports_adaptation = True
     supports_preconditioner = True
+    #: The noise correction from warmup's first estimate: it keeps the chain at its
+    #: temperature by raising the friction, where a Langevin rule's fit would shrink the step
+    #: and slow the way from the start. Without it an underdamped chain at the default
+    #: friction runs many times too hot on minibatches and can reach regions whose curvature
+    #: its step cannot take.
+    noise_fit_from = 0.0
 
     def __init__(
         self,

@@ -224,7 +224,7 @@ class Warmup:
         noise_limited = False
         draw = k.draw_index
         if (self._gradient_variance is not None and k.temperature > 0
-                and draw >= adaptation.NOISE_FROM * k.num_warmup_draws
+                and draw >= k.noise_fit_from * k.num_warmup_draws
                 and math.isfinite(step) and step > 0):
             fitted = k.fit_gradient_noise(step, curvature, self._gradient_variance)
             noise_limited = fitted < step
