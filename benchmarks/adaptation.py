@@ -1,6 +1,6 @@
 """Warmup step-size adaptation against NUTS on regression BNNs with learned noise.
 
-Two models, each written with :class:`pyro_flat.bnn.BNN`:
+Two models, each written with :class:`pyro_flat.models.bnn.BNN`:
 
 * ``diabetes``: scikit-learn's diabetes data (442 points, 10 standardised features,
   standardised target), a 10-50-1 tanh network, ``HomoskedasticGaussian()`` (learned noise
@@ -53,10 +53,10 @@ import torch
 from pyro.infer import MCMC, NUTS
 from sklearn.datasets import load_diabetes
 
-from pyro_flat.bnn import BNN
-from pyro_flat.export import to_arviz
+from pyro_flat.draws.export import to_arviz
 from pyro_flat.infer import SGHMC, SGLD, EntropyMCMC
-from pyro_flat.likelihoods import HeteroskedasticGaussian, HomoskedasticGaussian
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import HeteroskedasticGaussian, HomoskedasticGaussian
 
 RESULTS = Path(__file__).parent / "results"
 #: SG steps per draw of the SG kernels by default (``--thin``; NUTS draws are one trajectory

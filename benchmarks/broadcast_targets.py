@@ -25,11 +25,11 @@ from pyro.infer.autoguide import AutoNormal
 from pyro.nn import PyroModule, PyroSample
 
 import pyro_flat
-from pyro_flat.bnn import BNN
 from pyro_flat.datasets import load_dataset
 from pyro_flat.infer import SGLD
 from pyro_flat.infer.svi.lean_elbo import LeanELBO
-from pyro_flat.likelihoods import HomoskedasticGaussian
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import HomoskedasticGaussian
 
 BATCH = 64
 

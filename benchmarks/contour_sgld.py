@@ -52,15 +52,16 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "infer" / "mcmc"))
 import test_contour as toys  # noqa: E402  (the toy potentials and their quadrature truths)
 
-from pyro_flat import metrics, sample_stats  # noqa: E402
-from pyro_flat.bnn import BNN  # noqa: E402
+from pyro_flat import sample_stats
 from pyro_flat.cli import Settings, build_mlp  # noqa: E402
 from pyro_flat.datasets import load_dataset  # noqa: E402
+from pyro_flat.evaluation import classification  # noqa: E402
+from pyro_flat.evaluation.predictive import bma_probs  # noqa: E402
 from pyro_flat.infer import SGLD, ContourSGLD, reweight  # noqa: E402
 from pyro_flat.infer.mcmc.contour import weights_ess  # noqa: E402
-from pyro_flat.likelihoods import Categorical  # noqa: E402
-from pyro_flat.nn import make_bayesian  # noqa: E402
-from pyro_flat.predictive import bma_probs  # noqa: E402
+from pyro_flat.models.bnn import BNN  # noqa: E402
+from pyro_flat.models.likelihoods import Categorical  # noqa: E402
+from pyro_flat.models.nn import make_bayesian  # noqa: E402
 
 THIN = 10
 
@@ -204,9 +205,9 @@ def bnn(steps: int, seed: int, kept: int = 12, warmup: int = 4) -> list[dict]:
             probs = reweight(per_draw, sample_stats(mcmc)["log_weight"])
             ess = float(weights_ess(sample_stats(mcmc)["log_weight"]))
         rows.append({"method": method, "seed": seed, "weights_ess": ess,
-                     "accuracy": metrics.accuracy(probs, data.y_test),
-                     "nll": metrics.nll(probs, data.y_test),
-                     "ece": metrics.ece(probs, data.y_test),
+                     "accuracy": classification.accuracy(probs, data.y_test),
+                     "nll": classification.nll(probs, data.y_test),
+                     "ece": classification.ece(probs, data.y_test),
                      "grad_evals": kernel.num_steps, "wall_time_s": seconds})
     return rows
 

@@ -53,10 +53,10 @@ def _worker(mode: str, out: Path) -> None:
     import pyro
     from torch import nn
 
-    from pyro_flat.bnn import BNN
     from pyro_flat.distributed import DistributedMCMC, data_parallel, process_group, shard_rows
     from pyro_flat.infer import SGLD
-    from pyro_flat.likelihoods import Categorical
+    from pyro_flat.models.bnn import BNN
+    from pyro_flat.models.likelihoods import Categorical
 
     sys.path.insert(0, str(Path(__file__).parent))
     import step_overhead as so

@@ -28,7 +28,7 @@ import torch
 from pyro.infer import MCMC
 
 from pyro_flat import DrawWriter
-from pyro_flat.draw_store import Part
+from pyro_flat.draws.files import Part
 from pyro_flat.infer import SGLD
 
 RESULTS = Path(__file__).parent / "results"

@@ -61,10 +61,10 @@ def child(kernel_name: str, mode: str, draws: int, store: str) -> dict:
     from pyro.infer import MCMC
 
     import pyro_flat
-    from pyro_flat.bnn import BNN
     from pyro_flat.compare.models import build_mlp
     from pyro_flat.infer import SGLD, EntropyMCMC
-    from pyro_flat.likelihoods import Categorical
+    from pyro_flat.models.bnn import BNN
+    from pyro_flat.models.likelihoods import Categorical
 
     torch.set_num_threads(1)
     pyro.set_rng_seed(0)

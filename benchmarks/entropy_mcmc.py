@@ -4,10 +4,10 @@ Each method trains the same MLP (in-100-100-classes, ReLU, Gaussian prior with t
 the settings of ``pyro-flat compare``) for the same number of SG steps (one gradient each) on
 MNIST-1D and scikit-learn digits, keeps the same number of draws, and is scored by the Bayesian
 model average on the test set: accuracy, NLL, ECE; plus two flatness measures of the draws on
-1,000 training points: the mean sharpness (:func:`pyro_flat.flatness.sharpness`, rho = 0.05,
-the worst loss rise in a ball, which also grows with the gradient at a draw off a minimum) and
+1,000 training points: the mean sharpness (:func:`pyro_flat.evaluation.flatness.sharpness`, rho =
+0.05, the worst loss rise in a ball, which also grows with the gradient at a draw off a minimum) and
 the mean top Hessian eigenvalue of the mean loss
-(:func:`pyro_flat.flatness.hessian_top_eigenvalue`, curvature alone; power iteration to a
+(:func:`pyro_flat.evaluation.flatness.hessian_top_eigenvalue`, curvature alone; power iteration to a
 relative change of 1e-3, on every third kept draw). EntropyMCMC is
 scored three ways: the model average of its theta draws, of its guide (theta_a) draws, and of
 both. Every number is the mean over seeds, with the standard deviation over seeds.
@@ -34,16 +34,16 @@ import pyro
 import torch
 from pyro.infer import MCMC
 
-from pyro_flat import metrics
-from pyro_flat.bnn import BNN
 from pyro_flat.cli import Settings, build_mlp
 from pyro_flat.datasets import load_dataset
-from pyro_flat.flatness import hessian_top_eigenvalue, mean_loss, sharpness
+from pyro_flat.evaluation import classification
+from pyro_flat.evaluation.flatness import hessian_top_eigenvalue, mean_loss, sharpness
+from pyro_flat.evaluation.predictive import bma_probs
 from pyro_flat.infer import SGLD, CyclicalSGLD, EntropyMCMC
 from pyro_flat.infer.mcmc.entropy import select_draws
-from pyro_flat.likelihoods import Categorical
-from pyro_flat.nn import make_bayesian
-from pyro_flat.predictive import bma_probs
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import Categorical
+from pyro_flat.models.nn import make_bayesian
 
 SETTINGS = Settings()
 #: epsilon / eta, the authors' CIFAR-10 ratio (lr 0.5 over 50,000 points, eta = 4e-4)
@@ -95,9 +95,9 @@ def run_method(method: str, data, steps: int, seed: int) -> list[dict]:
         probs = bma_probs(net, draws, data.x_test)
         rows.append({
             "method": method + suffix,
-            "accuracy": metrics.accuracy(probs, data.y_test),
-            "nll": metrics.nll(probs, data.y_test),
-            "ece": metrics.ece(probs, data.y_test),
+            "accuracy": classification.accuracy(probs, data.y_test),
+            "nll": classification.nll(probs, data.y_test),
+            "ece": classification.ece(probs, data.y_test),
             "sharpness": float(sharpness(net, draws, x_sharp, y_sharp, rho=0.05).mean()),
             "top_eigenvalue": mean_top_eigenvalue(net, draws, x_sharp, y_sharp, seed),
             "grad_evals": kernel.num_steps,

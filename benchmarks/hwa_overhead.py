@@ -25,12 +25,12 @@ import torch
 from pyro.infer import SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
-from pyro_flat.bnn import BNN
 from pyro_flat.cli import build_mlp
 from pyro_flat.datasets import load_dataset
 from pyro_flat.infer import HWA
-from pyro_flat.likelihoods import Categorical
-from pyro_flat.nn import make_bayesian
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import Categorical
+from pyro_flat.models.nn import make_bayesian
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -34,22 +34,22 @@ import torch
 from pyro.infer import SVI, Predictive, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
-from pyro_flat import metrics
-from pyro_flat.bnn import BNN
 from pyro_flat.cli import build_mlp
 from pyro_flat.datasets import load_dataset
+from pyro_flat.evaluation import classification
+from pyro_flat.evaluation.predictive import bma_probs
 from pyro_flat.infer import HWA, SWAG
-from pyro_flat.likelihoods import Categorical
-from pyro_flat.nn import make_bayesian
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import Categorical
+from pyro_flat.models.nn import make_bayesian
 from pyro_flat.optim import SAM
-from pyro_flat.predictive import bma_probs
 
 DRAWS = 32
 
 
 def scores(probs: torch.Tensor, y: torch.Tensor) -> dict:
-    return {"accuracy": metrics.accuracy(probs, y), "nll": metrics.nll(probs, y),
-            "ece": metrics.ece(probs, y)}
+    return {"accuracy": classification.accuracy(probs, y), "nll": classification.nll(probs, y),
+            "ece": classification.ece(probs, y)}
 
 
 def guide_probs(net, model, guide, base_guide, data) -> torch.Tensor:

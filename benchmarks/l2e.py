@@ -46,13 +46,13 @@ import pyro
 import torch
 from pyro.infer import MCMC
 
-from pyro_flat import metrics
-from pyro_flat.bnn import BNN
 from pyro_flat.datasets import load_dataset
+from pyro_flat.evaluation import classification
+from pyro_flat.evaluation.predictive import bma_probs
 from pyro_flat.infer import L2E, SGLD, CyclicalSGLD
 from pyro_flat.infer.mcmc.l2e.meta_net import MetaNet
-from pyro_flat.likelihoods import Categorical
-from pyro_flat.predictive import bma_probs
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import Categorical
 
 sys.path.insert(0, str(Path(__file__).parent))
 import kernel_step_ratio as ksr  # noqa: E402
@@ -130,10 +130,10 @@ def run(method: str, task: str, seed: int, scale: float) -> dict:
     pairs = list(itertools.combinations(range(len(labels)), 2))
     disagreement = statistics.fmean(float((labels[i] != labels[j]).float().mean())
                                     for i, j in pairs)
-    single = statistics.fmean(metrics.nll(p, yt) for p in per_draw)
+    single = statistics.fmean(classification.nll(p, yt) for p in per_draw)
     return {"method": method, "task": task, "seed": seed, "grad_evals": kernel.num_steps,
-            "accuracy": metrics.accuracy(probs, yt), "nll": metrics.nll(probs, yt),
-            "ece": metrics.ece(probs, yt), "disagreement": disagreement,
+            "accuracy": classification.accuracy(probs, yt), "nll": classification.nll(probs, yt),
+            "ece": classification.ece(probs, yt), "disagreement": disagreement,
             "single_draw_nll": single, "wall_time_s": seconds}
 
 

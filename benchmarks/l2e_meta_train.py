@@ -1,4 +1,5 @@
-"""Reproduce the shipped L2E meta-parameters from scratch (``pyro_flat/data/l2e_meta_params.npz``).
+"""Reproduce the shipped L2E meta-parameters from scratch
+(``pyro_flat/infer/mcmc/l2e/l2e_meta_params.npz``).
 
 Antithetic-ES meta-training (:mod:`pyro_flat.infer.mcmc.l2e.training.meta`) from the planted
 initialisation, on the task distribution of :mod:`pyro_flat.infer.mcmc.l2e.training.tasks`, one

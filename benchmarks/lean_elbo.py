@@ -53,11 +53,11 @@ from pyro.infer import MCMC, SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoDiagonalNormal, AutoNormal
 from torch.func import functional_call
 
-from pyro_flat.bnn import BNN
 from pyro_flat.compare.models import build_mlp
 from pyro_flat.infer import SGLD, LeanELBO, SharpnessAwareELBO
-from pyro_flat.likelihoods import Categorical
-from pyro_flat.nn import make_bayesian
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import Categorical
+from pyro_flat.models.nn import make_bayesian
 from pyro_flat.optim import MultiTensorAdam
 
 NUM_DATA, BATCH = 4000, 128

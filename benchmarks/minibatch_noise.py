@@ -7,7 +7,7 @@ written as a user would:
 
 * ``small``: a 1-8-1 tanh ``PyroModule`` with ``PyroSample`` N(0, 1) weights and a
   ``HalfNormal(1)`` noise scale ``sigma``, 160 points of a noisy sine;
-* ``diabetes``: a 10-8-1 tanh network in :class:`pyro_flat.bnn.BNN` with
+* ``diabetes``: a 10-8-1 tanh network in :class:`pyro_flat.models.bnn.BNN` with
   ``HomoskedasticGaussian()`` (learned ``obs_scale``) on scikit-learn's diabetes data
   (442 points, standardised).
 
@@ -56,10 +56,10 @@ from pyro.infer import MCMC, NUTS
 from pyro.nn import PyroModule, PyroSample
 from sklearn.datasets import load_diabetes
 
-from pyro_flat.bnn import BNN
-from pyro_flat.export import to_arviz
+from pyro_flat.draws.export import to_arviz
 from pyro_flat.infer import L2E, SASGLD, SGHMC, SGLD, ContourSGLD, EntropyMCMC
-from pyro_flat.likelihoods import HomoskedasticGaussian
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import HomoskedasticGaussian
 
 RESULTS = Path(__file__).parent / "results"
 CHAINS, WARMUP, DRAWS = 4, 300, 400

@@ -14,8 +14,8 @@ the settings of ``pyro-flat compare``) on MNIST-1D and scikit-learn digits.
   16 draws of the guide.
 
 Scores: the Bayesian model average on the test set (accuracy, NLL, ECE with 15 equal-width
-bins) and the mean sharpness of the draws (:func:`pyro_flat.flatness.sharpness`, rho = 0.05,
-the paper's measure, on 1,000 training points). Mean and standard deviation over seeds.
+bins) and the mean sharpness of the draws (:func:`pyro_flat.evaluation.flatness.sharpness`, rho =
+0.05, the paper's measure, on 1,000 training points). Mean and standard deviation over seeds.
 
 Run::
 
@@ -40,15 +40,15 @@ import torch
 from pyro.infer import MCMC, SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
-from pyro_flat import metrics
-from pyro_flat.bnn import BNN
 from pyro_flat.cli import Settings, build_mlp
 from pyro_flat.datasets import load_dataset
-from pyro_flat.flatness import sharpness
+from pyro_flat.evaluation import classification
+from pyro_flat.evaluation.flatness import sharpness
+from pyro_flat.evaluation.predictive import bma_probs, guide_draws
 from pyro_flat.infer import SASGLD, SGLD, LocalReparameterization, SharpnessAwareELBO
-from pyro_flat.likelihoods import Categorical
-from pyro_flat.nn import init_to_network, make_bayesian
-from pyro_flat.predictive import bma_probs, guide_draws
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import Categorical
+from pyro_flat.models.nn import init_to_network, make_bayesian
 
 SETTINGS = Settings()
 RHO = 0.05
@@ -103,8 +103,10 @@ def run(method: str, data, mcmc_steps: int, svi_steps: int, seed: int) -> dict:
     probs = bma_probs(net, draws, data.x_test)
     with pyro.poutine.block():
         sharp = sharpness(net, draws, data.x_train[:1000], data.y_train[:1000], rho=RHO)
-    return {"method": method, "seed": seed, "accuracy": metrics.accuracy(probs, data.y_test),
-            "nll": metrics.nll(probs, data.y_test), "ece": metrics.ece(probs, data.y_test),
+    return {"method": method, "seed": seed,
+            "accuracy": classification.accuracy(probs, data.y_test),
+            "nll": classification.nll(probs, data.y_test),
+            "ece": classification.ece(probs, data.y_test),
             "sharpness": float(sharp.mean()), "grad_evals": grads,
             "draws": len(next(iter(draws.values()))), "fit_s": seconds}
 
@@ -177,9 +179,9 @@ def main(argv: list[str] | None = None) -> None:
               f"- command: `{report['command']}`\n"
               f"- date: {report['date']}; torch {report['torch']}, pyro {report['pyro']}; "
               f"mean ± sd over {len(seeds)} seeds; total {report['total_s']:.0f} s\n"
-              "- sharpness: `pyro_flat.flatness.sharpness` (rho 0.05, 1,000 training points), "
-              "mean over the draws; \"lower ... (seeds)\" counts the seeds where the flat "
-              "variant's sharpness is below its baseline's at the same seed\n\n")
+              "- sharpness: `pyro_flat.evaluation.flatness.sharpness` (rho 0.05, 1,000 training "
+              "points), mean over the draws; \"lower ... (seeds)\" counts the seeds where the "
+              "flat variant's sharpness is below its baseline's at the same seed\n\n")
     (args.out / f"sharpness_aware{suffix}.md").write_text(header + "\n\n".join(tables) + "\n")
 
 

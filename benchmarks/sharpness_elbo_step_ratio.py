@@ -29,12 +29,12 @@ import torch
 from pyro.infer import SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoDiagonalNormal, AutoNormal
 
-from pyro_flat.bnn import BNN
 from pyro_flat.cli import build_mlp
 from pyro_flat.datasets import load_dataset
 from pyro_flat.infer import SharpnessAwareELBO
-from pyro_flat.likelihoods import Categorical
-from pyro_flat.nn import make_bayesian
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import Categorical
+from pyro_flat.models.nn import make_bayesian
 
 LOSSES = {"Trace_ELBO": lambda: Trace_ELBO(),
           "SharpnessAwareELBO": lambda: SharpnessAwareELBO(rho=0.05),

@@ -11,7 +11,7 @@ divided by the time of one hand-written SGLD step on the same network in the sam
   log joint (Normal(0, 1) prior as a sum of squares plus ``-(N/B) * cross_entropy(..., "sum")``),
   ``torch.autograd.grad``, and an in-place Langevin update of every parameter with
   ``torch._foreach_add_`` (gradient, then Gaussian noise scaled by ``sqrt(2 eps)``);
-* kernel step: the same network made Bayesian with :func:`pyro_flat.nn.make_bayesian`, as the
+* kernel step: the same network made Bayesian with :func:`pyro_flat.models.nn.make_bayesian`, as the
   model ``BNN(net, Categorical(), subsample_size=B)`` (Pyro's subsampling idiom: indices drawn
   in the plate, the network run outside it); the wall
   time of ``MCMC.run`` (kernel setup, draw storage and the driver included) divided by the
@@ -70,9 +70,9 @@ from pyro.nn.module import to_pyro_module_
 from torch import nn
 from torch.func import functional_call
 
-from pyro_flat.bnn import BNN
 from pyro_flat.infer import SGHMC, SGLD, CyclicalSGLD, SGMCMCKernel
-from pyro_flat.likelihoods import Categorical
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import Categorical
 
 NUM_DATA = 10_000
 BATCH_SIZE = 128
@@ -113,9 +113,9 @@ def random_data(input_shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tenso
 def bayesian(net: nn.Module) -> tuple[PyroModule, str]:
     """``net`` as a PyroModule with N(0, 1) priors, and which builder made it."""
     try:
-        from pyro_flat.nn import make_bayesian
+        from pyro_flat.models.nn import make_bayesian
 
-        return make_bayesian(net, prior_scale=1.0), "pyro_flat.nn.make_bayesian"
+        return make_bayesian(net, prior_scale=1.0), "pyro_flat.models.nn.make_bayesian"
     except Exception as error:  # the helper is work in progress: fall back to the plain idiom
         print(f"make_bayesian failed ({error!r}); building the priors by hand", file=sys.stderr)
     to_pyro_module_(net)

@@ -35,9 +35,9 @@ WORKLOAD = r"""
 import sys, time, torch, pyro
 from pyro.infer import MCMC
 torch.set_num_threads(1)
-from pyro_flat.bnn import BNN
+from pyro_flat.models.bnn import BNN
 from pyro_flat.infer import SGLD
-from pyro_flat.likelihoods import Categorical, HomoskedasticGaussian
+from pyro_flat.models.likelihoods import Categorical, HomoskedasticGaussian
 name, steps = sys.argv[1], int(sys.argv[2])
 pyro.set_rng_seed(0)
 if name == "mlp":

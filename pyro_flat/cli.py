@@ -29,6 +29,7 @@ from pyro_flat.compare.config import (
     MIN_STEPS,
     PROTOCOLS,
     Budget,
+    Options,
     Plan,
     Settings,
     make_plan,
@@ -37,7 +38,7 @@ from pyro_flat.compare.evaluation import METRICS
 from pyro_flat.compare.models import MODELS, build_cnn, build_mlp
 from pyro_flat.compare.output import COLUMNS, format_table, output_problem
 from pyro_flat.compare.reference import REFERENCES
-from pyro_flat.compare.run import Options, compare
+from pyro_flat.compare.run import compare
 from pyro_flat.compare.task import (
     MODELS_FOR_TASK,
     dataset_task,

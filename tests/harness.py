@@ -20,8 +20,8 @@ from pyro.infer import MCMC
 from pyro.ops.stats import effective_sample_size
 from torch import nn
 
-from pyro_flat.bnn import BNN
-from pyro_flat.likelihoods import HomoskedasticGaussian
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import HomoskedasticGaussian
 
 Z = 4.5
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from pyro_flat.ascent import asam_metric, ascent_perturbation
+from pyro_flat.optim.ascent import asam_metric, ascent_perturbation
 
 
 def gradient(seed=0):

@@ -26,7 +26,6 @@ import torch
 from pyro.infer import MCMC, NUTS
 
 from pyro_flat import DrawWriter, LeanMCMC, cli, open_draws
-from pyro_flat.bnn import BNN
 from pyro_flat.distributed import (
     DistributedMCMC,
     data_parallel,
@@ -36,10 +35,8 @@ from pyro_flat.distributed import (
     shard_rows,
     world_size,
 )
-from pyro_flat.hmc_reference import reference_predictive
-from pyro_flat.infer import SGHMC, SGLD, LeanELBO, SGMCMCKernel
-from pyro_flat.likelihoods import HeteroskedasticGaussian, HomoskedasticGaussian
-from pyro_flat.regression import (
+from pyro_flat.evaluation.hmc_reference import reference_predictive
+from pyro_flat.evaluation.regression import (
     calibration_curve,
     crps,
     crps_gaussian,
@@ -49,6 +46,9 @@ from pyro_flat.regression import (
     rmse,
     wasserstein2,
 )
+from pyro_flat.infer import SGHMC, SGLD, LeanELBO, SGMCMCKernel
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import HeteroskedasticGaussian, HomoskedasticGaussian
 from pyro_flat.target import tracing
 
 Y = torch.tensor([0.0, 1.0, 2.0])
@@ -361,8 +361,9 @@ CASES: dict[str, tuple[Callable, type, str]] = {
         "unexpected keyword argument 'max_plate_nestin'"),
     "BNN.net: not a module": (lambda: BNN(5, HomoskedasticGaussian()), ValueError,
                               "net must be a torch.nn.Module, got int"),
-    "BNN.likelihood: a distribution": (lambda: BNN(net(), dist.Normal(0.0, 1.0)), ValueError,
-                                       "likelihood must be a pyro_flat.likelihoods.Likelihood"),
+    "BNN.likelihood: a distribution": (
+        lambda: BNN(net(), dist.Normal(0.0, 1.0)), ValueError,
+        "likelihood must be a pyro_flat.models.likelihoods.Likelihood"),
     "BNN.prior_scale: 0": (lambda: BNN(net(), HomoskedasticGaussian(), prior_scale=0),
                            ValueError, r"prior_scale must be a finite number in \(0, inf\)"),
     "BNN.prior_scale: with a PyroModule (was: ignored silently)": (

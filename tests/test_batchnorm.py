@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from pyro_flat.batchnorm import recompute_batchnorm
-from pyro_flat.nn import make_bayesian
+from pyro_flat.models.batchnorm import recompute_batchnorm
+from pyro_flat.models.nn import make_bayesian
 
 
 def bnn():

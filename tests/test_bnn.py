@@ -11,9 +11,9 @@ from pyro.infer import MCMC, NUTS, SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
 import pyro_flat
-from pyro_flat.bnn import BNN
 from pyro_flat.infer import SGLD
-from pyro_flat.likelihoods import (
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import (
     Bernoulli,
     Categorical,
     HeteroskedasticGaussian,
@@ -128,7 +128,7 @@ def test_output_shape_mismatch_is_named(likelihood, d_out, match):
 
 def test_bad_arguments():
     x, y = data()
-    with pytest.raises(ValueError, match="likelihood must be a pyro_flat.likelihoods"):
+    with pytest.raises(ValueError, match="likelihood must be a pyro_flat.models.likelihoods"):
         BNN(mlp(2, 1), dist.Normal(0.0, 1.0))
     with pytest.raises(ValueError, match="subsample_size must be an integer >= 1"):
         BNN(mlp(2, 1), HomoskedasticGaussian(), subsample_size=0)

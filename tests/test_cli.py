@@ -463,8 +463,8 @@ def test_importance_weights_enter_the_model_average():
 
     from pyro_flat.compare.common import Fit
     from pyro_flat.compare.evaluation import evaluate
-    from pyro_flat.nn import make_bayesian
-    from pyro_flat.predictive import bma_probs
+    from pyro_flat.evaluation.predictive import bma_probs
+    from pyro_flat.models.nn import make_bayesian
 
     torch.manual_seed(0)
     net = make_bayesian(torch.nn.Linear(4, 3))

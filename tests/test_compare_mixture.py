@@ -9,7 +9,6 @@ import pytest
 import torch
 from scipy import stats
 
-from pyro_flat import metrics, regression
 from pyro_flat.compare.evaluation import regression_scores
 from pyro_flat.compare.mixture import (
     CALIBRATION_LEVELS,
@@ -17,6 +16,7 @@ from pyro_flat.compare.mixture import (
     calibration_error,
     central_coverage,
 )
+from pyro_flat.evaluation import classification, regression
 
 
 def random_mixture(num_draws, num_data, seed=0, weights=None):
@@ -135,7 +135,7 @@ def test_scores_use_the_mixture_sd_for_ood():
     row = regression_scores(test, spread, y)
     assert row["ood_auroc"] == 1.0
     assert regression_scores(spread, test, y)["ood_auroc"] == 0.0
-    assert row["ood_auroc"] == metrics.ood_auroc(test.sd(), spread.sd())
+    assert row["ood_auroc"] == classification.ood_auroc(test.sd(), spread.sd())
     assert row["rmse"] == pytest.approx(float(test.mean().square().mean().sqrt()))
     assert row["nll"] == pytest.approx(float(-test.log_prob(y).mean()))
     assert row["crps"] == pytest.approx(float(test.crps(y).mean()))

@@ -7,9 +7,9 @@ import pytest
 import torch
 from test_cli import run
 
-from pyro_flat import metrics
 from pyro_flat.compare import reference
-from pyro_flat.regression import wasserstein2
+from pyro_flat.evaluation import classification
+from pyro_flat.evaluation.regression import wasserstein2
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def test_classification_reference_scores_every_method(tmp_path, small_nuts):
     from pyro_flat.compare.common import Context
     from pyro_flat.compare.config import Budget, Settings, make_plan
     from pyro_flat.datasets import load_dataset
-    from pyro_flat.predictive import bma_probs
+    from pyro_flat.evaluation.predictive import bma_probs
 
     data = load_dataset("digits", seed=0)
     ctx = Context(data, Settings(hidden=(4,)), make_plan(Budget(steps=40), 0.8), 0, "mlp",
@@ -66,8 +66,8 @@ def test_classification_reference_scores_every_method(tmp_path, small_nuts):
         return bma_probs(ctx.bnn().net, draws, data.x_test)
 
     p_sgld, p_hmc = probs("sgld"), probs("hmc")
-    assert rows["sgld"]["agreement"] == pytest.approx(metrics.agreement(p_sgld, p_hmc))
-    assert rows["sgld"]["tv"] == pytest.approx(metrics.total_variation(p_sgld, p_hmc),
+    assert rows["sgld"]["agreement"] == pytest.approx(classification.agreement(p_sgld, p_hmc))
+    assert rows["sgld"]["tv"] == pytest.approx(classification.total_variation(p_sgld, p_hmc),
                                                abs=1e-6)
 
 

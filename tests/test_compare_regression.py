@@ -16,7 +16,7 @@ from pyro_flat import cli
 from pyro_flat.compare import evaluation, figures, output, task
 from pyro_flat.compare.common import Context, point_draws
 from pyro_flat.datasets import load_dataset
-from pyro_flat.likelihoods import HeteroskedasticGaussian
+from pyro_flat.models.likelihoods import HeteroskedasticGaussian
 
 HEADER = ("method", "RMSE", "NLL", "CRPS", "calib. error", "OOD AUROC", "sharpness",
           "grad evals", "draws", "wall time (s)")
@@ -195,7 +195,7 @@ def test_importance_weights_enter_the_regression_mixture():
 
     from pyro_flat.compare.common import Fit
     from pyro_flat.compare.evaluation import evaluate
-    from pyro_flat.nn import make_bayesian
+    from pyro_flat.models.nn import make_bayesian
 
     torch.manual_seed(0)
     net = make_bayesian(torch.nn.Linear(1, 2))

@@ -16,9 +16,9 @@ from pyro.infer import SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoDiagonalNormal, AutoNormal
 
 from pyro_flat import to_arviz
+from pyro_flat.evaluation.predictive import bma_probs, guide_draws
 from pyro_flat.infer import HWA, SWAG
-from pyro_flat.nn import make_bayesian
-from pyro_flat.predictive import bma_probs, guide_draws
+from pyro_flat.models.nn import make_bayesian
 
 with warnings.catch_warnings():  # ArviZ 0.23 announces its 1.x refactor on import
     warnings.simplefilter("ignore", FutureWarning)

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from pyro_flat.flatness import max_sharpness, sharpness
-from pyro_flat.nn import make_bayesian
+from pyro_flat.evaluation.flatness import max_sharpness, sharpness
+from pyro_flat.models.nn import make_bayesian
 
 
 def test_sharpness_of_a_quadratic_has_the_closed_form():
@@ -98,7 +98,7 @@ def quadratic_with_spectrum(eigenvalues, seed=0):
 
 
 def test_top_eigenvalue_of_a_quadratic_with_known_spectrum():
-    from pyro_flat.flatness import hessian_top_eigenvalue
+    from pyro_flat.evaluation.flatness import hessian_top_eigenvalue
 
     spectrum = [5.0, 2.5, 1.0, 0.5, 0.1, 0.0]
     loss, q = quadratic_with_spectrum(spectrum)
@@ -113,7 +113,7 @@ def test_top_eigenvalue_of_a_quadratic_with_known_spectrum():
 
 
 def test_top_eigenvalue_of_a_network_matches_the_dense_hessian():
-    from pyro_flat.flatness import hessian_top_eigenvalue, mean_loss
+    from pyro_flat.evaluation.flatness import hessian_top_eigenvalue, mean_loss
 
     torch.manual_seed(0)
     net = make_bayesian(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(),
@@ -139,7 +139,11 @@ def test_top_eigenvalue_of_a_network_matches_the_dense_hessian():
 
 
 def test_slices_along_a_direction_and_a_segment():
-    from pyro_flat.flatness import loss_along_direction, loss_along_segment, random_direction
+    from pyro_flat.evaluation.flatness import (
+        loss_along_direction,
+        loss_along_segment,
+        random_direction,
+    )
 
     loss, _ = quadratic_with_spectrum([4.0, 1.0])
     w = {"w": torch.tensor([1.0, -2.0], dtype=torch.float64)}
@@ -179,7 +183,7 @@ def test_sharpness_of_a_given_loss():
     error doubles the regression sharpness exactly (the same direction, twice the rise), a
     per-point loss is averaged, and a Gaussian NLL of a mean-and-scale head matches a direct
     autograd computation of L(theta + rho g/|g|) - L(theta)."""
-    from pyro_flat.flatness import mean_loss
+    from pyro_flat.evaluation.flatness import mean_loss
 
     torch.manual_seed(0)
     net = make_bayesian(torch.nn.Linear(3, 1).double())

@@ -9,14 +9,14 @@ import pytest
 import torch
 from pyro.ops.stats import effective_sample_size
 
-from pyro_flat.bnn import BNN
-from pyro_flat.hmc_reference import (
+from pyro_flat.evaluation.hmc_reference import (
     HMCReference,
     ReferenceWarning,
     hmc_reference,
     reference_predictive,
 )
-from pyro_flat.likelihoods import Bernoulli, Categorical, HomoskedasticGaussian
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import Bernoulli, Categorical, HomoskedasticGaussian
 
 Z = 4.0  # tolerances are Z Monte Carlo standard errors
 NOISE, PRIOR = 0.5, 1.0

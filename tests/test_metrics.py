@@ -7,7 +7,7 @@ import sklearn
 import torch
 from sklearn.metrics import accuracy_score, brier_score_loss, log_loss, roc_auc_score
 
-from pyro_flat import metrics
+from pyro_flat.evaluation import classification
 
 SKLEARN_MULTICLASS_BRIER = tuple(int(v) for v in sklearn.__version__.split(".")[:2]) >= (1, 7)
 
@@ -40,7 +40,7 @@ def ece_reference(probs, y, num_bins):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_accuracy_matches_sklearn(seed):
     probs, y = random_probs(seed=seed)
-    assert metrics.accuracy(probs, y) == pytest.approx(
+    assert classification.accuracy(probs, y) == pytest.approx(
         accuracy_score(y.numpy(), probs.argmax(-1).numpy()), abs=1e-12
     )
 
@@ -49,14 +49,14 @@ def test_accuracy_matches_sklearn(seed):
 def test_nll_matches_sklearn_log_loss(seed):
     probs, y = random_probs(seed=seed)
     expected = log_loss(y.numpy(), probs.numpy(), labels=list(range(probs.shape[1])))
-    assert metrics.nll(probs, y) == pytest.approx(expected, abs=1e-6)
+    assert classification.nll(probs, y) == pytest.approx(expected, abs=1e-6)
 
 
 def test_nll_clamps_zero_probability():
     probs = torch.tensor([[1.0, 0.0], [0.5, 0.5]])
     y = torch.tensor([1, 0])
-    expected = (-math.log(metrics.NLL_EPSILON) + math.log(2.0)) / 2
-    assert metrics.nll(probs, y) == pytest.approx(expected, abs=1e-6)
+    expected = (-math.log(classification.NLL_EPSILON) + math.log(2.0)) / 2
+    assert classification.nll(probs, y) == pytest.approx(expected, abs=1e-6)
 
 
 @pytest.mark.skipif(not SKLEARN_MULTICLASS_BRIER, reason="multiclass Brier needs sklearn>=1.7")
@@ -65,34 +65,34 @@ def test_brier_matches_sklearn_multiclass():
     expected = brier_score_loss(
         y.numpy(), probs.numpy(), labels=list(range(probs.shape[1])), scale_by_half=False
     )
-    assert metrics.brier(probs, y) == pytest.approx(expected, abs=1e-6)
+    assert classification.brier(probs, y) == pytest.approx(expected, abs=1e-6)
 
 
 def test_brier_binary_is_twice_sklearn():
     probs, y = random_probs(c=2, seed=4)
     # sklearn's binary Brier is the mean of (p_1 - y)^2, half the sum over both classes
     expected = 2 * brier_score_loss(y.numpy(), probs[:, 1].numpy())
-    assert metrics.brier(probs, y) == pytest.approx(expected, abs=1e-6)
+    assert classification.brier(probs, y) == pytest.approx(expected, abs=1e-6)
 
 
 def test_brier_by_hand():
     probs = torch.tensor([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4]])
     y = torch.tensor([0, 1, 1])
-    assert metrics.brier(probs, y) == pytest.approx((0.02 + 0.18 + 0.72) / 3, abs=1e-6)
+    assert classification.brier(probs, y) == pytest.approx((0.02 + 0.18 + 0.72) / 3, abs=1e-6)
 
 
 def test_predictive_entropy_matches_scipy():
     probs, _ = random_probs(seed=5)
     expected = scipy.stats.entropy(probs.numpy(), axis=1)
-    per_example = metrics.predictive_entropy(probs, reduction="none")
+    per_example = classification.predictive_entropy(probs, reduction="none")
     assert isinstance(per_example, torch.Tensor) and per_example.shape == (probs.shape[0],)
     np.testing.assert_allclose(per_example.numpy(), expected, atol=1e-6)
-    assert metrics.predictive_entropy(probs) == pytest.approx(expected.mean(), abs=1e-6)
+    assert classification.predictive_entropy(probs) == pytest.approx(expected.mean(), abs=1e-6)
 
 
 def test_predictive_entropy_extremes():
     probs = torch.tensor([[1.0, 0.0, 0.0], [1 / 3, 1 / 3, 1 / 3]])
-    h = metrics.predictive_entropy(probs, reduction="none")
+    h = classification.predictive_entropy(probs, reduction="none")
     assert h[0].item() == pytest.approx(0.0, abs=1e-9)
     assert h[1].item() == pytest.approx(math.log(3), abs=1e-6)
 
@@ -105,7 +105,7 @@ def test_ood_auroc_matches_sklearn_with_ties(seed):
     s_out = torch.randint(2, 8, (90,), generator=g).double()
     labels = np.r_[np.zeros(150), np.ones(90)]
     expected = roc_auc_score(labels, np.r_[s_in.numpy(), s_out.numpy()])
-    assert metrics.ood_auroc(s_in, s_out) == pytest.approx(expected, abs=1e-6)
+    assert classification.ood_auroc(s_in, s_out) == pytest.approx(expected, abs=1e-6)
 
 
 def test_ood_auroc_continuous_matches_sklearn():
@@ -113,16 +113,16 @@ def test_ood_auroc_continuous_matches_sklearn():
     s_in, s_out = torch.randn(300, generator=g), torch.randn(200, generator=g) + 0.7
     labels = np.r_[np.zeros(300), np.ones(200)]
     expected = roc_auc_score(labels, np.r_[s_in.numpy(), s_out.numpy()])
-    assert metrics.ood_auroc(s_in, s_out) == pytest.approx(expected, abs=1e-6)
+    assert classification.ood_auroc(s_in, s_out) == pytest.approx(expected, abs=1e-6)
 
 
 def test_ood_auroc_extremes():
     low, high = torch.tensor([0.0, 0.1, 0.2]), torch.tensor([0.5, 0.9])
-    assert metrics.ood_auroc(low, high) == 1.0
-    assert metrics.ood_auroc(high, low) == 0.0
-    assert metrics.ood_auroc(torch.ones(4), torch.ones(3)) == 0.5
+    assert classification.ood_auroc(low, high) == 1.0
+    assert classification.ood_auroc(high, low) == 0.0
+    assert classification.ood_auroc(torch.ones(4), torch.ones(3)) == 0.5
     # 0.2 vs 0.2 is a tie worth one half: (1 + 1 + 1 + 0.5) / 4
-    assert metrics.ood_auroc(torch.tensor([0.1, 0.2]), torch.tensor([0.3, 0.2])) == 0.875
+    assert classification.ood_auroc(torch.tensor([0.1, 0.2]), torch.tensor([0.3, 0.2])) == 0.875
 
 
 # ------------------------------------------------------------------ ECE
@@ -134,11 +134,11 @@ def test_ece_by_hand():
     y = torch.tensor([0, 0, 0, 0])  # correct, wrong, correct, wrong
     # 15 bins: {0.9}: |1 - 0.9|, {0.8}: |0 - 0.8|, {0.6, 0.6}: |0.5 - 0.6|
     expected = (1 * 0.1 + 1 * 0.8 + 2 * 0.1) / 4
-    assert metrics.ece(probs, y) == pytest.approx(expected, abs=1e-6)
+    assert classification.ece(probs, y) == pytest.approx(expected, abs=1e-6)
     # one bin: |accuracy - mean confidence|
-    assert metrics.ece(probs, y, num_bins=1) == pytest.approx(abs(0.5 - 0.725), abs=1e-6)
+    assert classification.ece(probs, y, num_bins=1) == pytest.approx(abs(0.5 - 0.725), abs=1e-6)
     # two bins (0, 0.5], (0.5, 1]: every confidence is in the second
-    assert metrics.ece(probs, y, num_bins=2) == pytest.approx(abs(0.5 - 0.725), abs=1e-6)
+    assert classification.ece(probs, y, num_bins=2) == pytest.approx(abs(0.5 - 0.725), abs=1e-6)
 
 
 def test_ece_bin_edges_are_right_closed():
@@ -146,19 +146,19 @@ def test_ece_bin_edges_are_right_closed():
     probs = torch.tensor([[0.5, 0.5], [0.75, 0.25]], dtype=torch.float64)
     y = torch.tensor([1, 0])  # argmax of the tie is class 0: wrong; second correct
     # bins: (0, .5]: {0.5, wrong} -> |0 - 0.5|; (.5, 1]: {0.75, right} -> |1 - 0.75|
-    assert metrics.ece(probs, y, num_bins=2) == pytest.approx((0.5 + 0.25) / 2, abs=1e-12)
+    assert classification.ece(probs, y, num_bins=2) == pytest.approx((0.5 + 0.25) / 2, abs=1e-12)
 
 
 def test_ece_perfectly_calibrated_and_confident():
     probs = torch.eye(4)
-    assert metrics.ece(probs, torch.arange(4)) == pytest.approx(0.0, abs=1e-12)
-    assert metrics.ece(probs, torch.tensor([1, 2, 3, 0])) == pytest.approx(1.0, abs=1e-12)
+    assert classification.ece(probs, torch.arange(4)) == pytest.approx(0.0, abs=1e-12)
+    assert classification.ece(probs, torch.tensor([1, 2, 3, 0])) == pytest.approx(1.0, abs=1e-12)
 
 
 @pytest.mark.parametrize("num_bins", [1, 3, 10, 15, 50])
 def test_ece_matches_loop_reference(num_bins):
     probs, y = random_probs(n=500, c=4, seed=num_bins)
-    assert metrics.ece(probs, y, num_bins=num_bins) == pytest.approx(
+    assert classification.ece(probs, y, num_bins=num_bins) == pytest.approx(
         ece_reference(probs, y, num_bins), abs=1e-6
     )
 
@@ -169,17 +169,18 @@ def test_ece_matches_loop_reference(num_bins):
 def test_float32_inputs_and_python_floats():
     probs64, y = random_probs(seed=8)
     probs32 = probs64.float()
-    for fn in (metrics.accuracy, metrics.nll, metrics.ece, metrics.brier):
+    for fn in (classification.accuracy, classification.nll, classification.ece,
+               classification.brier):
         out = fn(probs32, y)
         assert type(out) is float
         assert out == pytest.approx(fn(probs64, y), abs=1e-5)
-    assert type(metrics.predictive_entropy(probs32)) is float
-    assert type(metrics.ood_auroc(torch.randn(5), torch.randn(4))) is float
+    assert type(classification.predictive_entropy(probs32)) is float
+    assert type(classification.ood_auroc(torch.randn(5), torch.randn(4))) is float
 
 
 def test_tiny_rounding_above_one_is_accepted():
     probs = torch.tensor([[1.0 + 1e-7, 0.0], [0.5, 0.5]])
-    assert metrics.accuracy(probs, torch.tensor([0, 0])) == 1.0
+    assert classification.accuracy(probs, torch.tensor([0, 0])) == 1.0
 
 
 @pytest.mark.parametrize(
@@ -201,7 +202,8 @@ def test_tiny_rounding_above_one_is_accepted():
     ],
 )
 def test_invalid_probs_and_labels(probs, y, match):
-    for fn in (metrics.accuracy, metrics.nll, metrics.ece, metrics.brier):
+    for fn in (classification.accuracy, classification.nll, classification.ece,
+               classification.brier):
         with pytest.raises(ValueError, match=match):
             fn(probs, y)
 
@@ -210,14 +212,14 @@ def test_invalid_probs_and_labels(probs, y, match):
 def test_invalid_num_bins(num_bins):
     probs, y = random_probs(n=10)
     with pytest.raises(ValueError, match="num_bins"):
-        metrics.ece(probs, y, num_bins=num_bins)
+        classification.ece(probs, y, num_bins=num_bins)
 
 
 def test_invalid_entropy_arguments():
     with pytest.raises(ValueError, match="reduction"):
-        metrics.predictive_entropy(torch.eye(2), reduction="sum")
+        classification.predictive_entropy(torch.eye(2), reduction="sum")
     with pytest.raises(ValueError, match="probs"):
-        metrics.predictive_entropy(torch.tensor([[0.2, 0.2]]))
+        classification.predictive_entropy(torch.tensor([[0.2, 0.2]]))
 
 
 @pytest.mark.parametrize(
@@ -233,7 +235,7 @@ def test_invalid_entropy_arguments():
 )
 def test_invalid_ood_scores(s_in, s_out, match):
     with pytest.raises(ValueError, match=match):
-        metrics.ood_auroc(s_in, s_out)
+        classification.ood_auroc(s_in, s_out)
 
 
 # ------------------------------------------------------- AUPR, equal-mass ECE, mutual information
@@ -248,20 +250,20 @@ def test_ood_aupr_matches_sklearn_with_ties(seed):
     s_out = torch.randint(2, 8, (90,), generator=g).double()
     labels = np.r_[np.zeros(150), np.ones(90)]
     expected = average_precision_score(labels, np.r_[s_in.numpy(), s_out.numpy()])
-    assert metrics.ood_aupr(s_in, s_out) == pytest.approx(expected, abs=1e-6)
+    assert classification.ood_aupr(s_in, s_out) == pytest.approx(expected, abs=1e-6)
     g = torch.Generator().manual_seed(10 + seed)
     s_in, s_out = torch.randn(300, generator=g), torch.randn(200, generator=g) + 0.7
     labels = np.r_[np.zeros(300), np.ones(200)]
     expected = average_precision_score(labels, np.r_[s_in.numpy(), s_out.numpy()])
-    assert metrics.ood_aupr(s_in, s_out) == pytest.approx(expected, abs=1e-6)
+    assert classification.ood_aupr(s_in, s_out) == pytest.approx(expected, abs=1e-6)
 
 
 def test_ood_aupr_extremes():
-    assert metrics.ood_aupr(torch.tensor([0.0, 1.0]), torch.tensor([2.0, 3.0])) == 1.0
+    assert classification.ood_aupr(torch.tensor([0.0, 1.0]), torch.tensor([2.0, 3.0])) == 1.0
     # all scores tied: one threshold, precision = share of positives
-    assert metrics.ood_aupr(torch.zeros(3), torch.zeros(1)) == pytest.approx(0.25)
+    assert classification.ood_aupr(torch.zeros(3), torch.zeros(1)) == pytest.approx(0.25)
     with pytest.raises(ValueError, match="scores_out"):
-        metrics.ood_aupr(torch.zeros(3), torch.tensor([float("nan")]))
+        classification.ood_aupr(torch.zeros(3), torch.tensor([float("nan")]))
 
 
 def ece_mass_reference(probs, y, num_bins):
@@ -281,31 +283,33 @@ def ece_mass_reference(probs, y, num_bins):
 def test_ece_equal_mass_matches_loop_reference(num_bins):
     probs, y = random_probs(n=199, seed=num_bins)
     expected = ece_mass_reference(probs, y, num_bins)
-    assert metrics.ece(probs, y, num_bins, binning="mass") == pytest.approx(expected, abs=1e-12)
+    ece = classification.ece(probs, y, num_bins, binning="mass")
+    assert ece == pytest.approx(expected, abs=1e-12)
 
 
 def test_ece_binning_must_be_known():
     probs, y = random_probs()
     with pytest.raises(ValueError, match="binning must be 'width' or 'mass'"):
-        metrics.ece(probs, y, binning="quantile")
+        classification.ece(probs, y, binning="quantile")
 
 
 def test_mutual_information_by_hand_and_bounds():
     g = torch.Generator().manual_seed(3)
     draws = torch.softmax(2 * torch.randn(6, 40, 4, generator=g, dtype=torch.float64), -1)
-    mi = metrics.mutual_information(draws, reduction="none")
+    mi = classification.mutual_information(draws, reduction="none")
     # by hand: entropy of the mean minus mean entropy, per example
     mean = draws.mean(0)
     expected = -(mean * mean.log()).sum(-1) + (draws * draws.log()).sum(-1).mean(0)
     assert torch.allclose(mi, expected, atol=1e-12)
     # 0 <= I <= total predictive entropy; identical draws give 0
-    total = metrics.predictive_entropy(mean, reduction="none")
+    total = classification.predictive_entropy(mean, reduction="none")
     assert torch.all(mi >= 0) and torch.all(mi <= total)
-    assert metrics.mutual_information(draws[:1].expand(5, -1, -1)) == pytest.approx(0, abs=1e-12)
+    same = draws[:1].expand(5, -1, -1)
+    assert classification.mutual_information(same) == pytest.approx(0, abs=1e-12)
     with pytest.raises(ValueError, match="num_draws, num_data, num_classes"):
-        metrics.mutual_information(mean)
+        classification.mutual_information(mean)
     with pytest.raises(ValueError, match="reduction"):
-        metrics.mutual_information(draws, reduction="sum")
+        classification.mutual_information(draws, reduction="sum")
 
 
 # ------------------------------------------------------------- against a reference predictive
@@ -317,13 +321,13 @@ def test_agreement_and_total_variation_by_hand():
     q = torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.1, 0.3], [0.3, 0.5, 0.2], [1.0, 0.0, 0.0],
                       [0.45, 0.1, 0.45]], dtype=torch.float64)
     # top-1 (ties: the first class): 0|0 agree, 2|0 no, 0|1 no, 1|0 no, 0|0 agree
-    assert metrics.agreement(p, q) == 0.4
+    assert classification.agreement(p, q) == 0.4
     # per point 1/2 sum |p - q|: (0.2+0.1+0.1)/2, (0.5+0+0.5)/2, (0.1+0.1+0)/2, (1+1+0)/2,
     # (0.15+0+0.15)/2
-    tv = metrics.total_variation(p, q, reduction="none")
+    tv = classification.total_variation(p, q, reduction="none")
     assert torch.allclose(tv, torch.tensor([0.2, 0.5, 0.1, 1.0, 0.15], dtype=torch.float64),
                           atol=1e-12)
-    assert metrics.total_variation(p, q) == pytest.approx(1.95 / 5, abs=1e-12)
+    assert classification.total_variation(p, q) == pytest.approx(1.95 / 5, abs=1e-12)
     assert tv.dtype == torch.float64
 
 
@@ -332,25 +336,25 @@ def test_agreement_and_total_variation_follow_the_competition_definitions():
     p, _ = random_probs(n=300, c=4, seed=5)
     q, _ = random_probs(n=300, c=4, seed=6)
     pn, qn = p.numpy(), q.numpy()
-    assert metrics.agreement(p, q) == pytest.approx((pn.argmax(-1) == qn.argmax(-1)).mean())
-    assert metrics.total_variation(p, q) == pytest.approx(np.abs(pn - qn).sum(-1).mean() / 2)
+    assert classification.agreement(p, q) == pytest.approx((pn.argmax(-1) == qn.argmax(-1)).mean())
+    assert classification.total_variation(p, q) == pytest.approx(np.abs(pn - qn).sum(-1).mean() / 2)
 
 
 def test_total_variation_properties():
     p, _ = random_probs(n=50, c=3, seed=1)
     q, _ = random_probs(n=50, c=3, seed=2)
-    tv = metrics.total_variation(p, q, reduction="none")
-    assert torch.allclose(tv, metrics.total_variation(q, p, reduction="none"))  # symmetric
+    tv = classification.total_variation(p, q, reduction="none")
+    assert torch.allclose(tv, classification.total_variation(q, p, reduction="none"))  # symmetric
     assert bool(((tv > 0) & (tv <= 1)).all())
-    assert metrics.total_variation(p, p) == 0.0 and metrics.agreement(p, p) == 1.0
+    assert classification.total_variation(p, p) == 0.0 and classification.agreement(p, p) == 1.0
     # two classes: TV is |p_0 - q_0|; disjoint supports are at distance 1
     p2 = torch.tensor([[0.9, 0.1], [0.25, 0.75]])
     q2 = torch.tensor([[0.6, 0.4], [0.5, 0.5]])
-    assert metrics.total_variation(p2, q2) == pytest.approx((0.3 + 0.25) / 2, abs=1e-7)
-    assert metrics.total_variation(torch.eye(2), torch.eye(2).flip(0)) == 1.0
+    assert classification.total_variation(p2, q2) == pytest.approx((0.3 + 0.25) / 2, abs=1e-7)
+    assert classification.total_variation(torch.eye(2), torch.eye(2).flip(0)) == 1.0
 
 
-@pytest.mark.parametrize("fn", [metrics.agreement, metrics.total_variation])
+@pytest.mark.parametrize("fn", [classification.agreement, classification.total_variation])
 def test_reference_metrics_reject_bad_input(fn):
     p, _ = random_probs(n=10, c=3)
     with pytest.raises(ValueError, match=r"reference_probs must have the shape of probs"):
@@ -364,4 +368,4 @@ def test_reference_metrics_reject_bad_input(fn):
     with pytest.raises(ValueError, match=r"reference_probs must be a torch.Tensor"):
         fn(p, p.numpy())
     with pytest.raises(ValueError, match="reduction"):
-        metrics.total_variation(p, p, reduction="sum")
+        classification.total_variation(p, p, reduction="sum")

@@ -1,4 +1,5 @@
-"""Tests for pyro_flat.nn: make_bayesian, LayerInit, init_to_network, bayesian_parameter_names."""
+"""Tests for pyro_flat.models.nn: make_bayesian, LayerInit, init_to_network,
+bayesian_parameter_names."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pyro.nn import PyroModule
 from pyro.nn.module import to_pyro_module_
 from torch import nn
 
-from pyro_flat.nn import (
+from pyro_flat.models.nn import (
     LayerInit,
     NetworkInit,
     bayesian_parameter_names,

@@ -19,10 +19,10 @@ from pyro.nn import PyroModule, PyroSample
 import pyro_flat.target.log_joint as log_joint_module
 import pyro_flat.target.tracing as tracing_module
 from pyro_flat import to_arviz
-from pyro_flat.bnn import BNN
 from pyro_flat.infer import SGLD
 from pyro_flat.infer.svi.lean_elbo import LeanELBO
-from pyro_flat.likelihoods import Categorical, HomoskedasticGaussian
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import Categorical, HomoskedasticGaussian
 from pyro_flat.target.observed_shapes import observed_shape_error
 
 N, B, D = 96, 16, 3

@@ -3,11 +3,11 @@ import pytest
 import torch
 from pyro.infer import MCMC
 
-from pyro_flat.bnn import BNN
+from pyro_flat.evaluation.predictive import bma_probs
 from pyro_flat.infer import SGLD
-from pyro_flat.likelihoods import Categorical
-from pyro_flat.nn import make_bayesian
-from pyro_flat.predictive import bma_probs
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import Categorical
+from pyro_flat.models.nn import make_bayesian
 
 IN, HIDDEN, CLASSES, DRAWS = 3, 5, 4, 7
 
@@ -169,7 +169,7 @@ def test_bma_probs_refuses_non_finite_draws():
 
 
 def test_draw_outputs_are_the_raw_outputs_of_every_draw():
-    from pyro_flat.predictive import draw_outputs
+    from pyro_flat.evaluation.predictive import draw_outputs
 
     net = make_bayesian(torch.nn.Linear(3, 2))
     samples = {"weight": torch.randn(4, 2, 3), "bias": torch.randn(4, 2)}

@@ -7,7 +7,8 @@ import pytest
 import torch
 from scipy import integrate, stats
 
-from pyro_flat import plots, regression
+from pyro_flat import plots
+from pyro_flat.evaluation import regression
 
 Z = 4.5
 

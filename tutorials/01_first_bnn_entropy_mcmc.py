@@ -13,7 +13,7 @@
 # %% [markdown]
 # # A first BNN: EntropyMCMC, SGLD and ArviZ
 #
-# We write a Bayesian MLP as a Pyro model in one line (`pyro_flat.bnn.BNN`), sample its
+# We write a Bayesian MLP as a Pyro model in one line (`pyro_flat.models.bnn.BNN`), sample its
 # posterior with SGLD and with Entropy-MCMC through Pyro's own `MCMC` driver, export the draws
 # to ArviZ, and score the Bayesian model average (BMA) on held-out digits and on
 # out-of-distribution inputs.
@@ -30,13 +30,13 @@ import torch
 from pyro.infer import MCMC
 
 import pyro_flat
-from pyro_flat import metrics
-from pyro_flat.bnn import BNN
 from pyro_flat.datasets import load_dataset
+from pyro_flat.evaluation import classification
+from pyro_flat.evaluation.predictive import bma_probs
 from pyro_flat.infer import SGLD, EntropyMCMC
 from pyro_flat.infer.mcmc.entropy import select_draws
-from pyro_flat.likelihoods import Categorical
-from pyro_flat.predictive import bma_probs
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import Categorical
 
 QUICK = os.environ.get("PYRO_FLAT_QUICK") == "1"
 STEPS_PER_DRAW, DRAWS, WARMUP = (4, 30, 10) if QUICK else (50, 40, 40)
@@ -129,11 +129,11 @@ for name, (net, mcmc) in runs.items():
         draws = samples if name == "sgld" else select_draws(samples, which)
         probs = bma_probs(net, draws, data.x_test)
         probs_ood = bma_probs(net, draws, data.x_ood)
-        auroc = metrics.ood_auroc(metrics.predictive_entropy(probs, reduction="none"),
-                                  metrics.predictive_entropy(probs_ood, reduction="none"))
-        print(f"{name:8s} {which:6s} accuracy {metrics.accuracy(probs, data.y_test):.3f}  "
-              f"NLL {metrics.nll(probs, data.y_test):.3f}  "
-              f"ECE {metrics.ece(probs, data.y_test):.3f}  OOD AUROC {auroc:.3f}")
+        auroc = classification.ood_auroc(classification.predictive_entropy(probs, reduction="none"),
+                                  classification.predictive_entropy(probs_ood, reduction="none"))
+        print(f"{name:8s} {which:6s} accuracy {classification.accuracy(probs, data.y_test):.3f}  "
+              f"NLL {classification.nll(probs, data.y_test):.3f}  "
+              f"ECE {classification.ece(probs, data.y_test):.3f}  OOD AUROC {auroc:.3f}")
 
 # %% [markdown]
 # ## A picture: calibration

@@ -32,14 +32,14 @@ import torch
 from pyro.infer import SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
-from pyro_flat import metrics
-from pyro_flat.bnn import BNN
 from pyro_flat.datasets import load_dataset
-from pyro_flat.flatness import sharpness
+from pyro_flat.evaluation import classification
+from pyro_flat.evaluation.flatness import sharpness
+from pyro_flat.evaluation.predictive import bma_probs, guide_draws
 from pyro_flat.infer import HWA, SharpnessAwareELBO
-from pyro_flat.likelihoods import Categorical
-from pyro_flat.nn import init_to_network
-from pyro_flat.predictive import bma_probs, guide_draws
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import Categorical
+from pyro_flat.models.nn import init_to_network
 
 QUICK = os.environ.get("PYRO_FLAT_QUICK") == "1"
 STEPS, HWA_CYCLES, CYCLE, DRAWS = (150, 3, 10, 8) if QUICK else (3000, 20, 50, 32)
@@ -71,8 +71,9 @@ def score(name, net, guide):
     draws = guide_draws(guide, DRAWS, data.x_train, data.y_train)
     probs = bma_probs(net, draws, data.x_test)
     sharp = sharpness(net, draws, data.x_train[:500], data.y_train[:500], rho=0.05)
-    row = {"accuracy": metrics.accuracy(probs, data.y_test),
-           "nll": metrics.nll(probs, data.y_test), "ece": metrics.ece(probs, data.y_test),
+    row = {"accuracy": classification.accuracy(probs, data.y_test),
+           "nll": classification.nll(probs, data.y_test),
+           "ece": classification.ece(probs, data.y_test),
            "sharpness": float(sharp.mean())}
     print(f"{name:22s} " + "  ".join(f"{k} {v:.4f}" for k, v in row.items()))
     return row
@@ -116,7 +117,7 @@ print(hwa.num_snapshots, "snapshots averaged")
 #
 # The loss is the ELBO estimate at the current means (what `svi.step` returns), smoothed over
 # 50 steps. The sharpness is the rise of the mean training loss after an ascent step of length
-# 0.05 (`pyro_flat.flatness.sharpness`), averaged over the guide's draws.
+# 0.05 (`pyro_flat.evaluation.flatness.sharpness`), averaged over the guide's draws.
 
 # %%
 import matplotlib.pyplot as plt  # noqa: E402

@@ -34,13 +34,13 @@ import pyro
 import torch
 from pyro.infer import MCMC
 
-from pyro_flat import metrics
-from pyro_flat.bnn import BNN
 from pyro_flat.datasets import load_dataset
+from pyro_flat.evaluation import classification
+from pyro_flat.evaluation.predictive import bma_probs
 from pyro_flat.infer import L2E, SGLD, CyclicalSGLD
 from pyro_flat.infer.mcmc.l2e.training import MetaTrainConfig, MetaTrainer, make_task
-from pyro_flat.likelihoods import Categorical
-from pyro_flat.predictive import bma_probs
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import Categorical
 
 QUICK = os.environ.get("PYRO_FLAT_QUICK") == "1"
 STEPS, DRAWS = (400, 8) if QUICK else (6000, 20)
@@ -92,9 +92,9 @@ for name in ("L2E", "SGLD", "cyclical SGLD"):
     mcmc = MCMC(kernel, num_samples=DRAWS, warmup_steps=DRAWS, disable_progbar=QUICK)
     mcmc.run(data.x_train, data.y_train)
     probs = bma_probs(model.net, mcmc.get_samples(), data.x_test)
-    scores[name] = {"accuracy": metrics.accuracy(probs, data.y_test),
-                    "NLL": metrics.nll(probs, data.y_test),
-                    "ECE": metrics.ece(probs, data.y_test),
+    scores[name] = {"accuracy": classification.accuracy(probs, data.y_test),
+                    "NLL": classification.nll(probs, data.y_test),
+                    "ECE": classification.ece(probs, data.y_test),
                     "gradients": kernel.num_steps}
     print(f"{name:14s}", "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                    for k, v in scores[name].items()))

@@ -13,7 +13,7 @@
 # %% [markdown]
 # # A torchvision ResNet as a Bayesian neural network
 #
-# Any `torch.nn.Module` becomes a Pyro model with `pyro_flat.nn.make_bayesian`: every weight
+# Any `torch.nn.Module` becomes a Pyro model with `pyro_flat.models.nn.make_bayesian`: every weight
 # gets a Gaussian prior and turns into a `PyroSample` site, named as in `named_parameters()`.
 # Here we take torchvision's `resnet18` (random weights: nothing is downloaded), decide what
 # to do with its BatchNorm layers, sample the weights with SGHMC through Pyro's `MCMC`, and
@@ -32,14 +32,15 @@ import torch
 import torchvision
 from pyro.infer import MCMC
 
-from pyro_flat import metrics, plots
-from pyro_flat.batchnorm import recompute_batchnorm
-from pyro_flat.bnn import BNN
+from pyro_flat import plots
+from pyro_flat.evaluation import classification
+from pyro_flat.evaluation.predictive import bma_probs
 from pyro_flat.infer import SGHMC
 from pyro_flat.infer.mcmc.sharpness import find_batchnorm
-from pyro_flat.likelihoods import Categorical
-from pyro_flat.nn import bayesian_parameter_names, make_bayesian
-from pyro_flat.predictive import bma_probs
+from pyro_flat.models.batchnorm import recompute_batchnorm
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import Categorical
+from pyro_flat.models.nn import bayesian_parameter_names, make_bayesian
 
 QUICK = os.environ.get("PYRO_FLAT_QUICK") == "1"
 DEVICE = torch.device(os.environ.get("PYRO_FLAT_DEVICE", "cpu"))
@@ -147,11 +148,11 @@ for i in range(draws):
     probs_ood = probs_ood + bma_probs(net, one, x_ood) / draws
 stale = bma_probs(net, samples, x_test)  # every draw with the statistics of the last one
 for name, p in [("recomputed statistics", probs), ("stale statistics", stale)]:
-    print(f"{name:22s} accuracy {metrics.accuracy(p, y_test):.3f}  "
-          f"NLL {metrics.nll(p, y_test):.3f}  ECE {metrics.ece(p, y_test):.3f}")
-entropy_in = metrics.predictive_entropy(probs, reduction="none")
-entropy_out = metrics.predictive_entropy(probs_ood, reduction="none")
-print(f"OOD AUROC (predictive entropy): {metrics.ood_auroc(entropy_in, entropy_out):.3f}")
+    print(f"{name:22s} accuracy {classification.accuracy(p, y_test):.3f}  "
+          f"NLL {classification.nll(p, y_test):.3f}  ECE {classification.ece(p, y_test):.3f}")
+entropy_in = classification.predictive_entropy(probs, reduction="none")
+entropy_out = classification.predictive_entropy(probs_ood, reduction="none")
+print(f"OOD AUROC (predictive entropy): {classification.ood_auroc(entropy_in, entropy_out):.3f}")
 
 # %% [markdown]
 # ## A picture: uncertainty in and out of distribution

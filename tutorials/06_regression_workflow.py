@@ -14,7 +14,7 @@
 # # Regression BNNs: the whole workflow
 #
 # A 1-D regression with a gap in the data, a small tanh network with a **learned** noise scale,
-# written in one line with `pyro_flat.bnn.BNN`. We sample it with NUTS (the reference on a
+# written in one line with `pyro_flat.models.bnn.BNN`. We sample it with NUTS (the reference on a
 # network this small), with SGLD and EntropyMCMC whose step sizes warmup chooses, and fit it by
 # SVI; then we read everything in ArviZ (`summary`, `plot_trace`, `loo`, `compare`,
 # `plot_ppc`) and draw the predictive band.
@@ -33,12 +33,12 @@ from pyro.infer import MCMC, NUTS, SVI, Predictive, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
 import pyro_flat
-from pyro_flat import regression
-from pyro_flat.bnn import BNN
+from pyro_flat.evaluation import regression
+from pyro_flat.evaluation.predictive import guide_draws
 from pyro_flat.infer import SGLD, EntropyMCMC
-from pyro_flat.likelihoods import HomoskedasticGaussian
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import HomoskedasticGaussian
 from pyro_flat.plots import predictive_band
-from pyro_flat.predictive import guide_draws
 
 QUICK = os.environ.get("PYRO_FLAT_QUICK") == "1"
 DRAWS, WARMUP, SVI_STEPS = (20, 20, 50) if QUICK else (400, 400, 3000)
@@ -155,7 +155,7 @@ for name, data in idata.items():
 #
 # `to_arviz` exported a replicate of `y` per draw (`posterior_predictive`) and the data
 # (`observed_data`), which is what `az.plot_ppc` needs. For the band over the input, run the
-# model on a grid with Pyro's `Predictive`; `pyro_flat.regression` turns the draws into a
+# model on a grid with Pyro's `Predictive`; `pyro_flat.evaluation.regression` turns the draws into a
 # mean, a standard deviation and an interval, and scores them.
 
 # %%

@@ -9,9 +9,9 @@ import torch
 from pyro.infer import MCMC
 
 import pyro_flat
-from pyro_flat.bnn import BNN
 from pyro_flat.infer import EntropyMCMC
-from pyro_flat.likelihoods import Categorical
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import Categorical
 
 pyro.set_rng_seed(0)
 x, y = torch.randn(500, 20), torch.randint(0, 3, (500,))

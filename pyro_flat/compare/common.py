@@ -23,7 +23,7 @@ from pyro_flat.compare.models import build_network
 from pyro_flat.compare.task import likelihood, nll, num_outputs, task_of
 
 if TYPE_CHECKING:
-    from pyro_flat.bnn import BNN
+    from pyro_flat.models.bnn import BNN
 
 
 class _NoBar:
@@ -94,7 +94,7 @@ class Context:
 
     def bayesian(self, net: torch.nn.Module | None = None) -> torch.nn.Module:
         """``net`` (default a fresh network) made Bayesian with the shared prior, in place."""
-        from pyro_flat.nn import make_bayesian
+        from pyro_flat.models.nn import make_bayesian
 
         s = self.settings
         return make_bayesian(self.network() if net is None else net,
@@ -108,7 +108,7 @@ class Context:
         ``net`` (default a fresh network) is made Bayesian with the shared prior; inside the
         model its sites are named ``net.<parameter>`` (e.g. ``net.0.weight``).
         """
-        from pyro_flat.bnn import BNN
+        from pyro_flat.models.bnn import BNN
 
         return BNN(self.bayesian(net), likelihood(self.task),
                    subsample_size=self.settings.batch_size)

@@ -1,4 +1,5 @@
-"""The settings every method of ``pyro-flat compare`` shares, and how a budget is spent.
+"""The settings every method of ``pyro-flat compare`` shares, how a budget is spent, and the
+checked options of the command (:class:`Options`).
 
 A budget is a number of SG steps per method (``unit="steps"``, the default: equal epochs, as
 the papers compare), or of *gradient evaluations* (``unit="grads"``): one SG-MCMC step, one SGD
@@ -11,6 +12,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
+
+import torch
 
 #: The radius of the measured sharpness, and the default radius of the sharpness-aware ascent
 #: steps (SASGLD, SAM, SharpnessAwareELBO: ``Settings.rho``).
@@ -149,3 +153,24 @@ def make_plan(budget: Budget, exploration_fraction: float) -> Plan:
         ensemble_size=budget.ensemble_size,
         unit=budget.unit,
     )
+
+
+@dataclass
+class Options:
+    """The checked command-line options of ``compare``."""
+
+    methods: list[str]
+    dataset: str
+    model: str
+    budget: str | int
+    seed: int
+    device: torch.device
+    out: Path
+    argv: list[str]
+    threads: int = 1
+    progress: bool | None = None  # None: bars when stderr is a terminal
+    jobs: int = 1  # methods run at a time, each in a worker process (CPU only)
+    download: bool = False  # let torchvision fetch missing files (mnist, fashion_mnist, cifar10)
+    seeds: int = 1  # seeds seed, seed + 1, ..., each running every method
+    tune_plan: Plan | None = None  # --tune: the plan of each candidate (tuning.tuning_plan)
+    reference: str = "none"  # "hmc": score every method against a NUTS reference

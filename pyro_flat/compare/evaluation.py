@@ -3,13 +3,13 @@
 From a :class:`~pyro_flat.compare.common.Fit` (draws of one Bayesian network): the Bayesian
 model average over the draws on the test and OOD inputs, weighted by the fit's importance
 weights, if any, and its scores; the mean sharpness of the draws
-(:func:`pyro_flat.flatness.sharpness` of the task's negative log-likelihood,
+(:func:`pyro_flat.evaluation.flatness.sharpness` of the task's negative log-likelihood,
 :func:`pyro_flat.compare.task.nll`), and a loss slice through the last draw along a
-filter-normalised random direction (:func:`pyro_flat.flatness.loss_along_direction`).
+filter-normalised random direction (:func:`pyro_flat.evaluation.flatness.loss_along_direction`).
 
 * Classification (:data:`METRICS`): the averaged class probabilities
-  (:func:`pyro_flat.predictive.bma_probs`), their accuracy, NLL, ECE, Brier score and OOD AUROC
-  (predictive entropy).
+  (:func:`pyro_flat.evaluation.predictive.bma_probs`), their accuracy, NLL, ECE, Brier score and OOD
+  AUROC (predictive entropy).
 * Regression (:data:`REGRESSION_METRICS`): the Gaussian mixture over the draws
   (:class:`pyro_flat.compare.mixture.GaussianMixture`), its RMSE (of the mixture mean), NLL
   (exact mixture density), CRPS (closed form), calibration error (central-interval coverage
@@ -100,16 +100,16 @@ class Evaluation:
 
 def scores(probs_test: torch.Tensor, probs_ood: torch.Tensor, y: torch.Tensor) -> dict:
     """Accuracy, NLL, ECE, Brier score and OOD AUROC (by predictive entropy)."""
-    from pyro_flat import metrics
+    from pyro_flat.evaluation import classification
 
     return {
-        "accuracy": metrics.accuracy(probs_test, y),
-        "nll": metrics.nll(probs_test, y),
-        "ece": metrics.ece(probs_test, y),
-        "brier": metrics.brier(probs_test, y),
-        "ood_auroc": metrics.ood_auroc(
-            metrics.predictive_entropy(probs_test, reduction="none"),
-            metrics.predictive_entropy(probs_ood, reduction="none"),
+        "accuracy": classification.accuracy(probs_test, y),
+        "nll": classification.nll(probs_test, y),
+        "ece": classification.ece(probs_test, y),
+        "brier": classification.brier(probs_test, y),
+        "ood_auroc": classification.ood_auroc(
+            classification.predictive_entropy(probs_test, reduction="none"),
+            classification.predictive_entropy(probs_ood, reduction="none"),
         ),
     }
 
@@ -117,21 +117,21 @@ def scores(probs_test: torch.Tensor, probs_ood: torch.Tensor, y: torch.Tensor) -
 def regression_scores(test: GaussianMixture, ood: GaussianMixture, y: torch.Tensor) -> dict:
     """RMSE of the mean, NLL, CRPS and calibration error of the mixture ``test`` on ``y``, and
     the OOD AUROC of its predictive standard deviation against ``ood``'s."""
-    from pyro_flat import metrics, regression
+    from pyro_flat.evaluation import classification, regression
 
     return {
         "rmse": regression.rmse(test.mean(), y),
         "nll": float(-test.log_prob(y).mean()),
         "crps": float(test.crps(y).mean()),
         "calibration_error": calibration_error(test.cdf(y)),
-        "ood_auroc": metrics.ood_auroc(test.sd(), ood.sd()),
+        "ood_auroc": classification.ood_auroc(test.sd(), ood.sd()),
     }
 
 
 def mixture(net: torch.nn.Module, samples: dict[str, torch.Tensor], x: torch.Tensor,
             weights: torch.Tensor | None) -> GaussianMixture:
     """The predictive mixture of the regression network ``net`` over the draws at ``x``."""
-    from pyro_flat.predictive import draw_outputs
+    from pyro_flat.evaluation.predictive import draw_outputs
 
     loc, scale = gaussian_head(draw_outputs(net, samples, x).cpu().double())
     return GaussianMixture.equal(loc, scale, None if weights is None else weights.cpu())
@@ -148,8 +148,8 @@ def evaluate(fit: Fit, data: Any, seed: int, full: bool = True) -> Evaluation:
     """Score ``fit`` on ``data``; the slice direction is drawn with ``seed``. Without ``full``
     (a ``--tune`` candidate, judged by its NLL alone) the sharpness is ``nan`` and the loss
     slice and the 1-D predictive curve are left out."""
-    from pyro_flat.flatness import loss_along_direction, mean_loss, sharpness
-    from pyro_flat.predictive import bma_probs
+    from pyro_flat.evaluation.flatness import loss_along_direction, mean_loss, sharpness
+    from pyro_flat.evaluation.predictive import bma_probs
 
     task = task_of(data)
     loss = loss_fn(task)

@@ -21,7 +21,7 @@ from pyro_flat.compare.config import (
 )
 
 if TYPE_CHECKING:
-    from pyro_flat.bnn import BNN
+    from pyro_flat.models.bnn import BNN
 
 #: ``(kernel, num_samples, warmup_steps, gradient evaluations per SG step)``
 _Built = tuple[Any, int, int, int]

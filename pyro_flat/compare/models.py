@@ -1,6 +1,6 @@
 """The networks that every method of ``pyro-flat compare`` shares.
 
-The Pyro model around them is :class:`pyro_flat.bnn.BNN` with the task's likelihood,
+The Pyro model around them is :class:`pyro_flat.models.bnn.BNN` with the task's likelihood,
 ``Categorical()`` or ``HeteroskedasticGaussian(min_scale=1e-3)``
 (:meth:`pyro_flat.compare.common.Context.bnn`, :mod:`pyro_flat.compare.task`); the number of
 outputs is the number of classes, or 2 (mean and raw scale) for regression.

@@ -4,25 +4,25 @@ Target: the exact posterior predictive :math:`p(y \mid x, \mathcal D)` of the co
 network, as Izmailov et al. (2021) and the NeurIPS 2021 approximate-inference competition
 (Wilson et al. 2022) use it: how close is each method to the Bayesian answer?
 
-On each seed, after the methods, multi-chain NUTS (:func:`pyro_flat.hmc_reference.hmc_reference`)
-samples the same model, with the whole training set in every step (``BNN(...,
-subsample_size=None)``): :data:`NUM_CHAINS` chains of :data:`WARMUP_STEPS` adaptation steps
-and :data:`NUM_SAMPLES` draws, trees of depth at most :data:`MAX_TREE_DEPTH`, step sizes
-adapted to an acceptance rate of :data:`TARGET_ACCEPT_PROB`, each chain from its own seed and
-a draw from the prior. Only a network small enough for full-batch NUTS is practical
-(``--hidden 16`` on digits or diabetes on 2 cores: minutes per seed).
+On each seed, after the methods, multi-chain NUTS
+(:func:`pyro_flat.evaluation.hmc_reference.hmc_reference`) samples the same model, with the whole
+training set in every step (``BNN(..., subsample_size=None)``): :data:`NUM_CHAINS` chains of
+:data:`WARMUP_STEPS` adaptation steps and :data:`NUM_SAMPLES` draws, trees of depth at most
+:data:`MAX_TREE_DEPTH`, step sizes adapted to an acceptance rate of :data:`TARGET_ACCEPT_PROB`, each
+chain from its own seed and a draw from the prior. Only a network small enough for full-batch NUTS
+is practical (``--hidden 16`` on digits or diabetes on 2 cores: minutes per seed).
 
 The reference runs as one more job beside the methods, at the default settings (never
 tuned). Each method is then scored against the reference predictive on the test inputs:
 
 * classification: ``agreement``, the share of test points whose most probable class is the
-  reference's (:func:`pyro_flat.metrics.agreement`; higher is better), and ``tv``, the mean
-  total variation between the two predictive distributions
-  (:func:`pyro_flat.metrics.total_variation`; lower is better);
+  reference's (:func:`pyro_flat.evaluation.classification.agreement`; higher is better), and ``tv``,
+  the mean total variation between the two predictive distributions
+  (:func:`pyro_flat.evaluation.classification.total_variation`; lower is better);
 * regression: ``w2``, the mean over test points of the 2-Wasserstein distance between the
   method's predictive draws and the reference's (:data:`PREDICTIVE_DRAWS` of each: a
   component of the Gaussian mixture drawn by its weight, then its observation noise)
-  (:func:`pyro_flat.regression.wasserstein2`; lower is better).
+  (:func:`pyro_flat.evaluation.regression.wasserstein2`; lower is better).
 
 The reference itself is a row of the table (``hmc``), scored like the methods against the
 test labels, with its diagnostics in ``results.json``: the worst rank-normalised split R-hat
@@ -90,7 +90,7 @@ def score_names(task: str) -> tuple[str, ...]:
 
 def full_batch_model(ctx: Context) -> Any:
     """``ctx``'s Bayesian network and likelihood with all data in every run (NUTS's model)."""
-    from pyro_flat.bnn import BNN
+    from pyro_flat.models.bnn import BNN
 
     model = ctx.bnn()
     return BNN(model.net, model.likelihood, subsample_size=None)
@@ -100,7 +100,7 @@ def per_draw_predictions(model: Any, samples: dict[str, torch.Tensor], x: torch.
                          y: torch.Tensor) -> torch.Tensor:
     """``(S, N)`` function-space summaries of each draw on ``(x, y)``: the log-likelihood of
     each label (classification) or the predictive mean (regression)."""
-    from pyro_flat.predictive import draw_outputs
+    from pyro_flat.evaluation.predictive import draw_outputs
 
     outputs = draw_outputs(model.net, samples, x)  # (S, N, ...)
     d = model.likelihood.distribution(outputs.flatten(0, 1), {})
@@ -114,7 +114,7 @@ def run_hmc(method: str, ctx: Context) -> Fit:
     import pyro
 
     from pyro_flat.diagnostics import split_rhat
-    from pyro_flat.hmc_reference import hmc_reference
+    from pyro_flat.evaluation.hmc_reference import hmc_reference
 
     data = ctx.data
     pyro.clear_param_store()
@@ -154,12 +154,12 @@ def scores(ev: Any, reference: Any, task: str, seed: int) -> dict[str, float]:
     """A method's distance to the reference, from the two evaluations
     (:class:`~pyro_flat.compare.evaluation.Evaluation`): agreement and TV of the test
     probabilities, or W2 between :data:`PREDICTIVE_DRAWS` draws of each test predictive."""
-    from pyro_flat import metrics
-    from pyro_flat.regression import wasserstein2
+    from pyro_flat.evaluation import classification
+    from pyro_flat.evaluation.regression import wasserstein2
 
     if task == "classification":
-        return {"agreement": metrics.agreement(ev.probs_test, reference.probs_test),
-                "tv": metrics.total_variation(ev.probs_test, reference.probs_test)}
+        return {"agreement": classification.agreement(ev.probs_test, reference.probs_test),
+                "tv": classification.total_variation(ev.probs_test, reference.probs_test)}
     generator = torch.Generator().manual_seed(seed)
     draws = ev.test.sample(PREDICTIVE_DRAWS, generator)
     reference_draws = reference.test.sample(PREDICTIVE_DRAWS, generator)

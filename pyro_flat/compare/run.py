@@ -7,39 +7,18 @@ import os
 import pickle
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from pyro_flat.compare import figures, output, registry, seeds
+from pyro_flat.compare import output, registry
 from pyro_flat.compare.common import Context
-from pyro_flat.compare.config import Plan, Settings
-from pyro_flat.compare.evaluation import DESCRIPTIONS, Evaluation, evaluate, task_metrics
+from pyro_flat.compare.config import Options, Plan, Settings
+from pyro_flat.compare.evaluation import Evaluation, evaluate, task_metrics
 from pyro_flat.compare.models import describe
-from pyro_flat.compare.task import likelihood, num_outputs, task_of
-
-
-@dataclass
-class Options:
-    """The checked command-line options of ``compare``."""
-
-    methods: list[str]
-    dataset: str
-    model: str
-    budget: str | int
-    seed: int
-    device: torch.device
-    out: Path
-    argv: list[str]
-    threads: int = 1
-    progress: bool | None = None  # None: bars when stderr is a terminal
-    jobs: int = 1  # methods run at a time, each in a worker process (CPU only)
-    download: bool = False  # let torchvision fetch missing files (mnist, fashion_mnist, cifar10)
-    seeds: int = 1  # seeds seed, seed + 1, ..., each running every method
-    tune_plan: Plan | None = None  # --tune: the plan of each candidate (tuning.tuning_plan)
-    reference: str = "none"  # "hmc": score every method against a NUTS reference
+from pyro_flat.compare.report import SeedRun, build_report
+from pyro_flat.compare.task import num_outputs, task_of
 
 
 def _say(message: str, end: str = "\n") -> None:
@@ -98,11 +77,11 @@ def warm_up(threads: int | None = None) -> None:
     import pyro.infer  # noqa: F401
     import pyro.infer.autoguide  # noqa: F401
 
-    import pyro_flat.export  # noqa: F401
-    import pyro_flat.flatness  # noqa: F401
+    import pyro_flat.draws.export  # noqa: F401
+    import pyro_flat.evaluation.flatness  # noqa: F401
+    import pyro_flat.evaluation.predictive  # noqa: F401
     import pyro_flat.infer  # noqa: F401
     import pyro_flat.optim  # noqa: F401
-    import pyro_flat.predictive  # noqa: F401
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -227,21 +206,6 @@ def _run_in_parallel(jobs: list[Job], workers: int, threads: int,
     return outcomes
 
 
-@dataclass
-class SeedRun:
-    """Every method of one seed: the table's rows and what the output files need."""
-
-    seed: int
-    data: Any
-    arch: str
-    jobs: int
-    rows: list[dict]
-    draws: dict[str, Any]
-    evaluations: dict[str, Evaluation]
-    notes: dict[str, dict]
-    tuning: dict[str, dict] = field(default_factory=dict)
-
-
 def tune(opts: Options, data: Any, settings: Settings, seed: int, todo: list[str],
          workers: int) -> tuple[dict[str, Settings], dict[str, dict]]:
     """``--tune``: every candidate of every method of ``todo`` on the validation split of
@@ -283,17 +247,6 @@ def _score_against_reference(outcomes: dict[str, Outcome], name: str, task: str,
         found = (reference.scores(ev, ref, task, seed) if ev is not None and ref is not None
                  else dict.fromkeys(reference.score_names(task), math.nan))
         row.update(found)
-
-
-def _reference_warnings(notes_by_seed: dict[int, Any]) -> str:
-    """Lines under the table for every seed whose reference failed its convergence checks."""
-    lines = [f"seed {seed}: {'; '.join(notes['problems'])}"
-             for seed, notes in notes_by_seed.items()
-             if notes is not None and not notes.get("converged", True)]
-    if not lines:
-        return ""
-    return ("\n\nwarning: the HMC reference failed its convergence checks (scores against it "
-            "are not distances to the posterior):\n" + "\n".join(lines))
 
 
 def run_seed(opts: Options, settings: Settings, plan: Plan, seed: int) -> SeedRun | None:
@@ -342,136 +295,25 @@ def run_seed(opts: Options, settings: Settings, plan: Plan, seed: int) -> SeedRu
 
 
 def compare(opts: Options, settings: Settings, plan: Plan) -> int:
-    """Run every method of ``opts`` and the reference for each seed; print the table (with
-    several seeds: means ± standard errors and the paired differences); write the folder.
-
-    The table's columns are the metrics of the data set's task
-    (:func:`pyro_flat.compare.evaluation.task_metrics`).
-    """
-    from pyro_flat import __version__
-
+    """Run every method of ``opts`` and the reference for each seed, print the report's table
+    (with several seeds: means ± standard errors and the paired differences) and write the
+    output folder (:mod:`pyro_flat.compare.report`)."""
     runs: list[SeedRun] = []
     for seed in range(opts.seed, opts.seed + opts.seeds):
         run = run_seed(opts, settings, plan, seed)
         if run is None:
             return 1
         runs.append(run)
-    first = runs[0]
-    data = first.data
-    task = task_of(data)
-    metrics = task_metrics(task)[0]
-    if opts.reference != "none":
-        from pyro_flat.compare.reference import score_names
-
-        metrics = (*metrics, *score_names(task))
-    several = len(runs) > 1
-    meta = {
-        "pyro_flat_version": __version__,
-        "torch_version": torch.__version__,
-        "command": ["pyro-flat", *opts.argv],
-        "dataset": data.name,
-        "num_train": data.num_train,
-        "num_test": data.num_test,
-        "num_ood": int(data.x_ood.shape[0]),
-        "ood": data.ood_description,
-        "model": opts.model,
-        "architecture": first.arch,
-        "budget": opts.budget,
-        "seed": opts.seed,
-        "device": str(opts.device),
-        "threads": opts.threads,
-        "jobs": first.jobs,
-        "settings": asdict(settings),
-        "plan": asdict(plan),
-        "method_notes": first.notes,
-        "draw_files": {m: output.DRAWS_PATTERN.format(m) for m in first.draws},
-        "figures": figures.names(data) if first.evaluations else [],
-        "metrics": DESCRIPTIONS[task],
-    }
-    if task == "regression":  # (a classification's meta is as it was before regression)
-        meta.update({"task": task, "likelihood": repr(likelihood(task)),
-                     "y_mean": data.y_mean, "y_std": data.y_std})
-    rows = first.rows
-    if several:
-        by_seed = {run.seed: run.rows for run in runs}
-        summary = seeds.summarise(by_seed, metrics)
-        pairs = seeds.paired_differences(by_seed, metrics=metrics)
-        rows = [{"seed": run.seed, **row} for run in runs for row in run.rows]
-        meta.update({
-            "seeds": list(by_seed),
-            "method_notes": {run.seed: run.notes for run in runs},
-            "draw_files": {f"{m}_seed{run.seed}": output.DRAWS_PATTERN.format(
-                f"{m}_seed{run.seed}") for run in runs for m in run.draws},
-            "figures_seed": first.seed,
-            "summary": summary,
-            "paired_differences": pairs,
-            "protocol": ("every method once per seed (data split or generation, "
-                         "initialisation, minibatches, noise); mean ± standard error over the "
-                         "seeds where it succeeded; paired differences method - baseline over "
-                         "the seeds where both succeeded, with a 95% Student t interval "
-                         "(* when it excludes zero); the per-method figures are of the first "
-                         "seed"),
-        })
-        if pairs:
-            meta["figures"] = [*meta["figures"], seeds.FIGURE]
-        text = (f"mean ± standard error over {len(runs)} seeds\n\n"
-                + seeds.format_summary(summary, metrics))
-        if pairs:
-            text += ("\n\npaired differences, method - baseline (mean ± standard error; * the "
-                     "95% t interval excludes 0)\n\n" + seeds.format_paired(pairs, metrics))
-        failures = seeds.format_failures(by_seed)
-        if failures:
-            text += ("\n\nfailed runs (left out of the means and of the pairs they belong to)"
-                     "\n\n" + failures)
-    else:
-        text = output.format_table(rows, metrics)
-    if opts.reference != "none":
-        from pyro_flat.compare import reference
-
-        meta["reference"] = {run.seed: run.notes.get(opts.reference) for run in runs}
-        meta["reference_scores"] = reference.SCORES
-        meta["metric_columns"] = list(metrics)
-    if opts.tune_plan is not None:
-        from pyro_flat.compare import tuning
-
-        reports = {run.seed: run.tuning for run in runs}
-        meta["tuning"] = {
-            "protocol": tuning.PROTOCOL,
-            "validation_fraction": tuning.VALIDATION_FRACTION,
-            "candidates_per_method": tuning.CANDIDATES,
-            "plan_per_candidate": asdict(opts.tune_plan),
-            "search_factors": {m: dict(registry.method(m).search)
-                               for m in [*opts.methods, registry.BASELINE]},
-            "by_seed": reports,
-        }
-        text += ("\n\nhyper-parameters chosen on the validation split (lowest validation NLL of "
-                 f"{tuning.CANDIDATES} candidates per method)\n\n"
-                 + tuning.format_choices(reports))
-    if opts.reference != "none":
-        text += _reference_warnings(meta["reference"])
-    print(text, flush=True)
-
-    def write(folder: Path) -> None:
-        if several:
-            output.write_results(folder, rows, meta, {}, markdown=text, by_seed=True)
-            for run in runs:
-                output.write_draws(folder, {f"{m}_seed{run.seed}": d
-                                            for m, d in run.draws.items()})
-            seeds.write_figure(folder, pairs, metrics=metrics)
-        else:
-            output.write_results(folder, rows, meta, first.draws, markdown=text)
-        figures.write_figures(folder, first.evaluations, data)
-
+    report = build_report(opts, settings, plan, runs)
+    print(report.text, flush=True)
     try:
-        output.write_atomically(opts.out, write)
+        output.write_atomically(opts.out, report.write)
     except Exception as err:
         message = " ".join(str(err).split())
         _say(f"pyro-flat: error: cannot write the results to {str(opts.out)!r}: {message}")
         return 1
-    written = ["results.json", "results.md", *meta["figures"], *meta["draw_files"].values()]
-    print(f"\nwrote {opts.out / 'results.csv'}, {', '.join(written)}")
-    failed = sorted({r["method"] for r in rows if r["status"] != "ok"})
-    if failed:
-        _say(f"pyro-flat: error: failed: {', '.join(failed)} (see results.json)")
+    print(f"\nwrote {opts.out / 'results.csv'}, {', '.join(report.files)}")
+    if report.failed_methods:
+        _say(f"pyro-flat: error: failed: {', '.join(report.failed_methods)} (see results.json)")
         return 1
     return 0

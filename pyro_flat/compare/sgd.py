@@ -4,11 +4,11 @@ The loss is the mean negative log-likelihood of a minibatch under the likelihood
 Bayesian methods (:meth:`~pyro_flat.compare.common.Context.loss`: the cross-entropy, or the
 Gaussian NLL of the regression head) plus the prior's penalty: ``-log N(w; 0,
 s^2)`` per data point is ``w^2 / (2 s^2 N)`` plus a constant, whose gradient is SGD's weight
-decay ``1 / (s^2 N)``, with ``s`` as :func:`pyro_flat.nn.make_bayesian` sets it (``prior_scale``
-divided by the square root of the fan-in of the layer's weight under the ``"fan_in"`` rule,
-for the weight and the bias). SGD with momentum 0.9 at rate ``lr * (1 - 0.9)``, the same
-effective rate ``lr`` as SGHMC; minibatches drawn epoch by epoch without replacement, the last
-partial batch dropped, as the kernels do. SAM (:class:`pyro_flat.optim.SAM`, ``rho = 0.05``)
+decay ``1 / (s^2 N)``, with ``s`` as :func:`pyro_flat.models.nn.make_bayesian` sets it
+(``prior_scale`` divided by the square root of the fan-in of the layer's weight under the
+``"fan_in"`` rule, for the weight and the bias). SGD with momentum 0.9 at rate ``lr * (1 - 0.9)``,
+the same effective rate ``lr`` as SGHMC; minibatches drawn epoch by epoch without replacement, the
+last partial batch dropped, as the kernels do. SAM (:class:`pyro_flat.optim.SAM`, ``rho = 0.05``)
 wraps the same SGD and costs two gradient evaluations per step.
 """
 

@@ -34,10 +34,10 @@ def run_svi(method: str, ctx: Context, *, sharpness_aware: bool = False, hwa: bo
     from pyro.infer import SVI
     from pyro.infer.autoguide import AutoDiagonalNormal
 
+    from pyro_flat.evaluation.predictive import guide_draws
     from pyro_flat.infer import LeanELBO
-    from pyro_flat.nn import init_to_network
+    from pyro_flat.models.nn import init_to_network
     from pyro_flat.optim import MultiTensorAdam
-    from pyro_flat.predictive import guide_draws
 
     s, p = ctx.settings, ctx.plan
     pyro.clear_param_store()

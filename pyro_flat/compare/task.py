@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 if TYPE_CHECKING:
     from pyro_flat.compare.config import Settings
-    from pyro_flat.likelihoods import Likelihood
+    from pyro_flat.models.likelihoods import Likelihood
 
 #: The tasks of the built-in data sets.
 TASKS = ("classification", "regression")
@@ -77,7 +77,7 @@ def num_outputs(data: Any) -> int:
 def likelihood(task: str) -> Likelihood:
     """The Pyro likelihood of the task: ``Categorical()`` or
     ``HeteroskedasticGaussian(min_scale=MIN_SCALE)``."""
-    from pyro_flat.likelihoods import Categorical, HeteroskedasticGaussian
+    from pyro_flat.models.likelihoods import Categorical, HeteroskedasticGaussian
 
     return HeteroskedasticGaussian(min_scale=MIN_SCALE) if task == "regression" else Categorical()
 
@@ -108,7 +108,7 @@ def nll(task: str, output: torch.Tensor, y: torch.Tensor, reduction: str = "mean
 
 def loss_fn(task: str) -> Any:
     """``nll`` of ``task`` as a function ``(output, y) -> mean loss`` (e.g. the ``loss`` of
-    :func:`pyro_flat.flatness.sharpness`)."""
+    :func:`pyro_flat.evaluation.flatness.sharpness`)."""
     def loss(output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return nll(task, output, y)
 

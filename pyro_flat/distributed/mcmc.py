@@ -37,8 +37,8 @@ from pyro_flat import validation
 from pyro_flat.distributed import checkpoints
 from pyro_flat.distributed.faults import collective, exchange_status, reported
 from pyro_flat.distributed.group import check_group, is_distributed, rank, world_size
-from pyro_flat.draw_store import part_name
-from pyro_flat.draw_writer import DrawWriter
+from pyro_flat.draws.files import part_name
+from pyro_flat.draws.streaming import DrawWriter
 
 
 class _ShardArguments(tuple):

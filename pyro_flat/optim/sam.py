@@ -9,8 +9,8 @@ One step on a minibatch loss :math:`L` (two forward/backward passes on the same 
 
 with :math:`D = I` (SAM) or :math:`D = \mathrm{diag}(|\theta| + \eta)^2` (``adaptive=True``,
 ASAM, Kwon et al. 2021, :math:`\eta` = ``geometry_offset``), the norm over all parameters of all
-groups together (:func:`pyro_flat.ascent.ascent_perturbation`), and ``base`` any torch optimiser
-(SGD with momentum, Adam, ...) applied from :math:`\theta` with the gradient taken at
+groups together (:func:`pyro_flat.optim.ascent.ascent_perturbation`), and ``base`` any torch
+optimiser (SGD with momentum, Adam, ...) applied from :math:`\theta` with the gradient taken at
 :math:`\theta + e`. A zero or non-finite gradient gives :math:`e = 0`. Deep ensembles,
 MC-dropout networks and SWAG collection trained with it are the F- variants of Nguyen et al.
 (2023).
@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from pyro_flat import validation
-from pyro_flat.ascent import ASAM_OFFSET, asam_metric, ascent_perturbation
+from pyro_flat.optim.ascent import ASAM_OFFSET, asam_metric, ascent_perturbation
 
 
 class SAM(torch.optim.Optimizer):
@@ -49,7 +49,7 @@ class SAM(torch.optim.Optimizer):
         ASAM's parameter-scaled ball.
     geometry_offset : float
         ASAM's offset :math:`\\eta > 0` in :math:`D = (|\\theta| + \\eta)^2`, so that
-        parameters at zero still move (default :data:`pyro_flat.ascent.ASAM_OFFSET`, 0.01).
+        parameters at zero still move (default :data:`pyro_flat.optim.ascent.ASAM_OFFSET`, 0.01).
         Parameter groups may set their own ``"geometry_offset"``.
     batchnorm_modules : iterable of torch.nn.Module
         BatchNorm layers whose running statistics must not move in the perturbed pass (their

@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from pyro_flat import metrics, validation
+from pyro_flat import validation
+from pyro_flat.evaluation import classification
 from pyro_flat.plots._axes import axes_and_figure
 
 
@@ -17,8 +18,8 @@ def reliability_diagram(
     """Accuracy per confidence bin against the diagonal of perfect calibration.
 
     Bars show the accuracy of the examples in each equal-width confidence bin (bins as in
-    :func:`pyro_flat.metrics.ece`), the dashed line the bin's mean confidence; the title
-    gives the ECE. Empty bins are left out.
+    :func:`pyro_flat.evaluation.classification.ece`), the dashed line the bin's mean confidence; the
+    title gives the ECE. Empty bins are left out.
 
     Parameters
     ----------
@@ -36,7 +37,7 @@ def reliability_diagram(
     matplotlib.figure.Figure
     """
     num_bins = validation.integer_at_least("num_bins", num_bins, 1)
-    p, labels = metrics._probs_and_labels(probs, y)
+    p, labels = classification._probs_and_labels(probs, y)
     conf, pred = p.max(-1)
     correct = (pred == labels).double()
     edges = torch.arange(1, num_bins, dtype=torch.float64) / num_bins
@@ -53,7 +54,7 @@ def reliability_diagram(
             label="confidence")
     ax.plot([0, 1], [0, 1], color="gray", lw=1)
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy")
-    ece = metrics.ece(probs, y, num_bins)
+    ece = classification.ece(probs, y, num_bins)
     ax.set_title(f"{label + ': ' if label else ''}ECE {ece:.3f}")
     ax.legend(loc="upper left")
     return fig

@@ -16,9 +16,9 @@ def loss_slice(
 ) -> Any:
     """Plot loss profiles ``{label: (alphas, losses)}``.
 
-    The pairs are what :func:`pyro_flat.flatness.loss_along_direction` and
-    :func:`pyro_flat.flatness.loss_along_segment` return, e.g. one curve per method or per
-    draw: a flat basin shows as a wide, low profile.
+    The pairs are what :func:`pyro_flat.evaluation.flatness.loss_along_direction` and
+    :func:`pyro_flat.evaluation.flatness.loss_along_segment` return, e.g. one curve per method or
+    per draw: a flat basin shows as a wide, low profile.
 
     Returns
     -------

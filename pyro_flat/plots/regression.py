@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
+from pyro_flat.evaluation.regression import RegressionSummary
 from pyro_flat.plots._axes import axes_and_figure
-from pyro_flat.regression import RegressionSummary
 
 
 def predictive_band(
@@ -21,7 +21,7 @@ def predictive_band(
     x : torch.Tensor
         ``(num_points,)`` inputs the summary was computed at (sorted here for drawing).
     summary : RegressionSummary
-        From :func:`pyro_flat.regression.predictive_summary` at those inputs.
+        From :func:`pyro_flat.evaluation.regression.predictive_summary` at those inputs.
     x_obs, y_obs : torch.Tensor, optional
         Observed data to scatter over the band.
     ax : matplotlib Axes, optional
@@ -59,8 +59,8 @@ def coverage_calibration(
 ) -> Any:
     """Observed against expected coverage of central intervals, with the diagonal.
 
-    ``expected, observed`` as :func:`pyro_flat.regression.calibration_curve` returns them;
-    a curve below the diagonal means intervals too narrow (over-confident).
+    ``expected, observed`` as :func:`pyro_flat.evaluation.regression.calibration_curve` returns
+    them; a curve below the diagonal means intervals too narrow (over-confident).
     """
     ax, fig = axes_and_figure(ax)
     ax.plot([0, 1], [0, 1], color="gray", lw=1)

@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from pyro_flat import metrics, validation
+from pyro_flat import validation
+from pyro_flat.evaluation import classification
 from pyro_flat.plots._axes import axes_and_figure
 
 
@@ -32,8 +33,8 @@ def uncertainty_histograms(
     matplotlib.figure.Figure
     """
     num_bins = validation.integer_at_least("num_bins", num_bins, 1)
-    h_in = metrics.predictive_entropy(probs_in, reduction="none")
-    h_out = metrics.predictive_entropy(probs_out, reduction="none")
+    h_in = classification.predictive_entropy(probs_in, reduction="none")
+    h_out = classification.predictive_entropy(probs_out, reduction="none")
     if probs_in.shape[1] != probs_out.shape[1]:
         raise ValueError(f"probs_in and probs_out must have the same number of classes, got "
                          f"{probs_in.shape[1]} and {probs_out.shape[1]}")
@@ -43,7 +44,7 @@ def uncertainty_histograms(
     ax.hist(h_in.numpy(), label="in distribution", **kwargs)
     ax.hist(h_out.numpy(), label="out of distribution", **kwargs)
     ax.axvline(top, color="gray", ls=":")
-    auroc = metrics.ood_auroc(h_in, h_out)
+    auroc = classification.ood_auroc(h_in, h_out)
     ax.set(xlabel="predictive entropy (nats)", ylabel="density")
     ax.set_title(f"{label + ': ' if label else ''}OOD AUROC {auroc:.3f}")
     ax.legend()

@@ -4,7 +4,7 @@ r"""Observed sites whose value and distribution broadcast into a larger log-dens
 shape ``(B, 1)`` is a ``(B, B)`` tensor: every target scored against every mean, a loss ``B``
 times too large, and no error from torch. Pyro's ``Trace_ELBO`` refuses it (its shape check
 wants every dimension of a log-density to be a plate's); the kernels' potential,
-:class:`~pyro_flat.infer.LeanELBO`, :func:`pyro_flat.to_arviz` and :class:`pyro_flat.bnn.BNN`
+:class:`~pyro_flat.infer.LeanELBO`, :func:`pyro_flat.to_arviz` and :class:`pyro_flat.models.bnn.BNN`
 check it with :func:`check_observed_site`, once per model trace (never per SG step).
 
 The rule. Let ``value`` be the observed value with its event dimensions removed and ``lp`` the

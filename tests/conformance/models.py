@@ -57,8 +57,8 @@ from pyro import poutine
 from pyro.nn import PyroModule, PyroSample
 from torch import nn
 
-from pyro_flat.bnn import BNN
-from pyro_flat.likelihoods import (
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import (
     Bernoulli,
     Categorical,
     HeteroskedasticGaussian,

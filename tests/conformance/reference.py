@@ -37,7 +37,7 @@ from pyro.infer.mcmc.util import initialize_model
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from conformance.models import PROBLEMS, Problem  # noqa: E402
-from pyro_flat.flatness import hessian_top_eigenvalue  # noqa: E402
+from pyro_flat.evaluation.flatness import hessian_top_eigenvalue  # noqa: E402
 
 REFERENCE_PATH = Path(__file__).with_name("reference.json")
 #: NUTS as run for every reference (JIT-compiled potential, diagonal mass matrix).

@@ -70,8 +70,8 @@ ESTIMATE_AT = (0.0, 0.25, 0.5, 0.75)
 #: while the chain travels from its start to the typical set, only stability counts (a
 #: kernel's ``noise_fit_from``; SGHMC corrects the noise from the start).
 NOISE_FROM = 0.5
-#: Power iterations per estimate (:func:`pyro_flat.flatness.hessian_top_eigenvalue`), at most;
-#: they stop early once the estimate changes by less than :data:`POWER_TOLERANCE` (relative).
+#: Power iterations per estimate (:func:`pyro_flat.evaluation.flatness.hessian_top_eigenvalue`), at
+#: most; they stop early once the estimate changes by less than :data:`POWER_TOLERANCE` (relative).
 POWER_ITERATIONS = 30
 #: The relative change of the estimate below which the power iterations stop.
 POWER_TOLERANCE = 1e-3

@@ -102,7 +102,7 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
     step_size_schedule : callable, optional
         ``t -> step size`` of the SG step index ``t = 0, 1, ...``, replacing ``step_size``.
     init_strategy : callable, optional
-        A Pyro init strategy; the default, :func:`pyro_flat.nn.init_to_network`, starts from
+        A Pyro init strategy; the default, :func:`pyro_flat.models.nn.init_to_network`, starts from
         the network's own PyTorch initialisation.
     data_plate : str, optional
         The name of the plate to subsample, when several plates enclose the observations.
@@ -435,7 +435,7 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
         if self.model is not None:
             check_finite_arguments(args, kwargs)
             if self.init_strategy is None:
-                from pyro_flat.nn import init_to_network as init_strategy
+                from pyro_flat.models.nn import init_to_network as init_strategy
             else:
                 init_strategy = self.init_strategy
 

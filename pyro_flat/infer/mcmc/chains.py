@@ -26,7 +26,7 @@ import pyro
 import torch
 from torch.func import vmap
 
-from pyro_flat.batchnorm_state import find_batchnorm
+from pyro_flat.models.batchnorm import find_batchnorm
 
 #: Seeds of chain k: ``(base + k) % MAX_SEED``, as Pyro seeds the chains of worker processes.
 MAX_SEED = 2**32 - 1
@@ -104,13 +104,13 @@ class VectorizedPotential:
     model). A model that draws random numbers in its forward pass (dropout) draws them from
     torch's global stream, differently for each chain.
 
-    BatchNorm layers in training mode (those :func:`~pyro_flat.batchnorm_state.find_batchnorm`
+    BatchNorm layers in training mode (those :func:`~pyro_flat.models.batchnorm.find_batchnorm`
     finds on the model) normalise each chain's minibatch with that minibatch's own mean and
     variance, as a single chain's step does; their running statistics are *not* updated by
     the vectorised potential (one set of buffers cannot follow ``K`` chains; only the
     kernel's trace of the model at setup, once per chain, runs the model as it is, as for a
     single chain). Recompute them for a draw with
-    :func:`pyro_flat.batchnorm.recompute_batchnorm` before predicting in evaluation mode. A
+    :func:`pyro_flat.models.batchnorm.recompute_batchnorm` before predicting in evaluation mode. A
     BatchNorm layer in training mode that is not reachable from the model is a
     ``ValueError`` (torch cannot update unbatched running statistics under ``vmap``).
     """
@@ -118,7 +118,7 @@ class VectorizedPotential:
     def __init__(self, potential: Callable[..., torch.Tensor], num_chains: int):
         self.potential = potential
         self.num_chains = num_chains
-        #: The model's BatchNorm layers (:func:`~pyro_flat.batchnorm_state.find_batchnorm`).
+        #: The model's BatchNorm layers (:func:`~pyro_flat.models.batchnorm.find_batchnorm`).
         self.batchnorm = find_batchnorm(_model_of(potential))
 
     @property
@@ -156,7 +156,7 @@ class VectorizedPotential:
                 raise
             raise ValueError(
                 "vectorized_chains: a BatchNorm layer in training mode that is not reachable "
-                "from the model (pyro_flat.batchnorm_state.model_modules: the model, its "
+                "from the model (pyro_flat.models.batchnorm.model_modules: the model, its "
                 "module attributes, a function's closure and the global modules it names) "
                 "cannot update its running statistics per chain; make the network an "
                 "attribute of the model (a PyroModule), or call net.eval() before sampling, "

@@ -9,7 +9,7 @@ kernel) and the gradient the update uses.
 
 * :class:`MinibatchGradient`: :math:`\nabla\hat U(\theta)` itself (SGLD, SGHMC, ...).
 * :class:`SharpnessAwareGradient`: :math:`\nabla\hat U(\theta + e)` at the ascent point
-  :math:`e` of :func:`pyro_flat.ascent.ascent_perturbation` (SAM's; SASGLD), a second pass on
+  :math:`e` of :func:`pyro_flat.optim.ascent.ascent_perturbation` (SAM's; SASGLD), a second pass on
   the same minibatch.
 """
 
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from pyro_flat.ascent import ASAM_OFFSET, asam_metric, ascent_perturbation
-from pyro_flat.batchnorm_state import kept_running_stats
+from pyro_flat.models.batchnorm import kept_running_stats
+from pyro_flat.optim.ascent import ASAM_OFFSET, asam_metric, ascent_perturbation
 
 #: ``evaluate(batch) -> (U, grad U)`` at the current contents of the position, the gradient in
 #: a flat buffer that the next evaluation overwrites.
@@ -76,8 +76,8 @@ class SharpnessAwareGradient:
         \qquad \text{step gradient} = \nabla\hat U(\theta + e)
 
     with :math:`D = I` (the Euclidean ball, SAM's) or :math:`D = (|\theta| + \eta)^2` with
-    ``geometry=True`` (ASAM's ellipsoid, :math:`\eta` = :data:`pyro_flat.ascent.ASAM_OFFSET`);
-    see :func:`pyro_flat.ascent.ascent_perturbation`. A
+    ``geometry=True`` (ASAM's ellipsoid, :math:`\eta` = :data:`pyro_flat.optim.ascent.ASAM_OFFSET`);
+    see :func:`pyro_flat.optim.ascent.ascent_perturbation`. A
     zero gradient gives :math:`e = 0` (no second pass), ``rho = 0`` never runs one. The running
     statistics of ``batchnorm_modules`` are kept through the second pass, so they move once per
     step, as under the plain gradient. The per-step statistic ``sharpness`` is

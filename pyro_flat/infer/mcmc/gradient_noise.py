@@ -151,7 +151,7 @@ def corrected_friction(
     the given one if :math:`\max_i \hat B_i` is at most :data:`CORRECTION_SHARE` of it, and
     otherwise the smallest friction at which it is: the root of
     :math:`\text{share}\cdot C - \max_i \hat B_i(C)`, which increases with :math:`C`
-    (:func:`scipy.optimize.brentq`). A larger friction would damp the momentum, and so slow
+    (SciPy's ``brentq``). A larger friction would damp the momentum, and so slow
     the chain, more than the noise requires.
 
     Returns

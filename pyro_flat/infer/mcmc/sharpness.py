@@ -8,16 +8,16 @@ from typing import Any
 from torch import nn
 
 from pyro_flat import validation
-from pyro_flat.ascent import ASAM_OFFSET
-from pyro_flat.batchnorm_state import find_batchnorm
 from pyro_flat.infer.mcmc import dynamics as dyn
 from pyro_flat.infer.mcmc.base import SGMCMCKernel
 from pyro_flat.infer.mcmc.estimators import Estimate, SharpnessAwareGradient
 from pyro_flat.infer.mcmc.integrators import langevin_step_, underdamped_step_
 from pyro_flat.infer.mcmc.sgld import MOMENTUM, NOISE
 from pyro_flat.infer.mcmc.state import KernelState
+from pyro_flat.models.batchnorm import find_batchnorm
+from pyro_flat.optim.ascent import ASAM_OFFSET
 
-#: Deprecated name of :data:`pyro_flat.ascent.ASAM_OFFSET`.
+#: Deprecated name of :data:`pyro_flat.optim.ascent.ASAM_OFFSET`.
 GEOMETRY_ETA = ASAM_OFFSET
 
 class SASGLD(SGMCMCKernel):
@@ -45,7 +45,7 @@ class SASGLD(SGMCMCKernel):
 
     With ``geometry=True`` the ball is the ASAM ellipsoid :math:`\|T_\theta^{-1} e\| \le \rho`
     with :math:`T_\theta = \mathrm{diag}(|\theta| + \eta)`, :math:`\eta` =
-    :data:`pyro_flat.ascent.ASAM_OFFSET`; its one-step maximiser is
+    :data:`pyro_flat.optim.ascent.ASAM_OFFSET`; its one-step maximiser is
     :math:`e = \rho D g / \sqrt{g^\top D g}` with :math:`D = T_\theta^2`, so the perturbation
     scales with each parameter's magnitude (invariant to rescaling a layer's weights). With
     ``dynamics="underdamped"`` the Langevin step is replaced by the SGHMC step

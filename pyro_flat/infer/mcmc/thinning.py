@@ -142,13 +142,13 @@ def network_weight_sites(model: object) -> set[str]:
 
     A site is one when its :class:`~pyro.nn.PyroModule` is also a ``torch.nn`` layer (for
     example ``PyroModule[torch.nn.Linear]``, or any layer of a network converted by
-    :func:`~pyro_flat.nn.make_bayesian` or :class:`~pyro_flat.bnn.BNN`). A ``PyroSample``
-    of a user's own module (a hierarchical scale, say) and ``pyro.sample`` statements are not.
-    A model that is no ``torch.nn.Module`` has none.
+    :func:`~pyro_flat.models.nn.make_bayesian` or :class:`~pyro_flat.models.bnn.BNN`). A
+    ``PyroSample`` of a user's own module (a hierarchical scale, say) and ``pyro.sample`` statements
+    are not. A model that is no ``torch.nn.Module`` has none.
     """
     if not isinstance(model, torch.nn.Module):
         return set()
-    from pyro_flat.nn import pyro_sample_sites
+    from pyro_flat.models.nn import pyro_sample_sites
 
     return {name for layer, name in pyro_sample_sites(model) if _is_torch_layer(layer)}
 

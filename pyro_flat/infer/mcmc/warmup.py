@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 import pyro.util
 import torch
 
-from pyro_flat.batchnorm_state import find_batchnorm, kept_running_stats
 from pyro_flat.infer.mcmc import adaptation, gradient_noise, thinning
 from pyro_flat.infer.mcmc.adaptation import DiagonalMetric
 from pyro_flat.infer.mcmc.thinning import AutoThinning
+from pyro_flat.models.batchnorm import find_batchnorm, kept_running_stats
 
 if TYPE_CHECKING:
     from pyro_flat.infer.mcmc.base import SGMCMCKernel
@@ -175,9 +175,9 @@ class Warmup:
     def top_curvature(self) -> float:
         """The largest absolute eigenvalue of the minibatch Hessian at the kernel's position (of
         :math:`P^{1/2} H P^{1/2}` with a metric), by
-        :func:`pyro_flat.flatness.hessian_top_eigenvalue`. For vectorised chains, the Hessian
-        of the sum of their potentials, block-diagonal: the largest over chains."""
-        from pyro_flat.flatness import hessian_top_eigenvalue
+        :func:`pyro_flat.evaluation.flatness.hessian_top_eigenvalue`. For vectorised chains, the
+        Hessian of the sum of their potentials, block-diagonal: the largest over chains."""
+        from pyro_flat.evaluation.flatness import hessian_top_eigenvalue
 
         k = self.kernel
         rng = pyro.util.get_rng_state()

@@ -113,6 +113,9 @@ class HWA:
         self.scale = scale
         self.num_steps = 0
         self.num_snapshots = 0
+        self._lr = low
+        #: The ``pt_optim_args`` callable this HWA set on the optimiser (``None``: none yet).
+        self._scheduled_args: Callable[..., dict[str, Any]] | None = None
         self.mean: dict[str, torch.Tensor] = {}
         #: Sum of squared deviations from the running mean (Welford), per parameter.
         self.squared_deviations: dict[str, torch.Tensor] = {}
@@ -134,10 +137,12 @@ class HWA:
         args = optim.pt_optim_args
         if isinstance(args, dict):
             args["lr"] = lr
-        elif not getattr(optim, "_hwa_wrapped", False):
-            original = args
-            optim.pt_optim_args = lambda *a: {**original(*a), "lr": self._lr}
-            optim._hwa_wrapped = True
+        elif args is not self._scheduled_args:
+            def scheduled(*a: Any, original: Callable[..., dict[str, Any]] = args
+                          ) -> dict[str, Any]:
+                return {**original(*a), "lr": self._lr}
+
+            optim.pt_optim_args = self._scheduled_args = scheduled
         self._lr = lr
 
     def step(self, *args: Any, **kwargs: Any) -> float:
@@ -212,7 +217,7 @@ class HWA:
                                "2 * cycle_length steps")
         from pyro_flat.infer.svi.sharpness_elbo import default_mean_and_scale
 
-        store = pyro.get_param_store()
+        constraints = pyro.get_param_store().get_state()["constraints"]
         variance = self.variance()
         values = dict(self.mean)
         for name in self.mean:
@@ -220,7 +225,7 @@ class HWA:
             if not is_mean or scale is None:
                 continue
             sd = variance[name].sqrt().clamp_min(torch.finfo(variance[name].dtype).tiny)
-            to_scale = torch.distributions.transform_to(store._constraints[scale])
+            to_scale = torch.distributions.transform_to(constraints[scale])
             values[scale] = to_scale.inv(sd.expand_as(self.mean[scale]))
         if values.keys() == self.mean.keys() and all(values[k] is self.mean[k] for k in values):
             raise RuntimeError("scale='snapshots' found no mean parameter with a scale in the "

@@ -83,8 +83,8 @@ class LeanELBO(Trace_ELBO):
     >>> import torch, pyro
     >>> from pyro.infer import SVI
     >>> from pyro.infer.autoguide import AutoNormal
-    >>> from pyro_flat.bnn import BNN
-    >>> from pyro_flat.likelihoods import Categorical
+    >>> from pyro_flat.models.bnn import BNN
+    >>> from pyro_flat.models.likelihoods import Categorical
     >>> pyro.clear_param_store(); pyro.set_rng_seed(0)
     >>> net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     >>> model = BNN(net, Categorical(), subsample_size=32)

@@ -107,7 +107,7 @@ class LocalReparameterization:
     >>> import torch, pyro, pyro.distributions as dist
     >>> from pyro.infer import SVI, Trace_ELBO
     >>> from pyro.infer.autoguide import AutoNormal
-    >>> from pyro_flat.nn import make_bayesian
+    >>> from pyro_flat.models.nn import make_bayesian
     >>> net = make_bayesian(torch.nn.Linear(3, 1))
     >>> def model(x, y):
     ...     mean = net(x).squeeze(-1)

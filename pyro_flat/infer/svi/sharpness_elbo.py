@@ -22,10 +22,10 @@ from pyro.infer.util import torch_item
 from pyro.util import get_rng_state, set_rng_state, warn_if_nan
 
 from pyro_flat import validation
-from pyro_flat.ascent import ascent_perturbation
-from pyro_flat.batchnorm_state import find_batchnorm, kept_running_stats
 from pyro_flat.infer.svi.lean_elbo import LeanELBO
 from pyro_flat.infer.svi.lean_guides import LeanGuide
+from pyro_flat.models.batchnorm import find_batchnorm, kept_running_stats
+from pyro_flat.optim.ascent import ascent_perturbation
 
 #: Name tokens (split at ``.`` and ``_``) that mark a guide parameter as a *mean*, each with the
 #: tokens tried, in order, for its paired *scale*.
@@ -129,7 +129,7 @@ class SharpnessAwareELBO(LeanELBO):
     run of the guide and model, so the model also sees the same minibatch) and the means are
     restored exactly after the backward pass. The returned loss is the ELBO estimate at
     :math:`\mu`, as ``Trace_ELBO`` returns. A zero or non-finite :math:`g` gives
-    :math:`\mu' = \mu` (the step is :func:`pyro_flat.ascent.ascent_perturbation`).
+    :math:`\mu' = \mu` (the step is :func:`pyro_flat.optim.ascent.ascent_perturbation`).
 
     **The paper's ambiguity about** :math:`\sigma`: here :math:`\sigma` (and every other
     parameter that is not a mean, e.g. in the model) takes its gradient at :math:`\mu'`, not at

@@ -156,8 +156,9 @@ class SWAG:
         """``num_samples`` draws of :meth:`sample`, stacked: ``{name: (num_samples, *shape)}``.
 
         With the names of a network's parameters these are the sites of the same network made
-        Bayesian (:func:`pyro_flat.nn.make_bayesian`), so the result goes to
-        :func:`pyro_flat.predictive.bma_probs` and :func:`pyro_flat.to_arviz` as MCMC draws do.
+        Bayesian (:func:`pyro_flat.models.nn.make_bayesian`), so the result goes to
+        :func:`pyro_flat.evaluation.predictive.bma_probs` and :func:`pyro_flat.to_arviz` as MCMC
+        draws do.
         """
         num_samples = validation.integer_at_least("num_samples", num_samples, 1)
         samples = [self.sample(scale, diagonal=diagonal, generator=generator)
@@ -180,9 +181,10 @@ class SWAG:
 
         A sampled network has no BatchNorm statistics of its own: with ``batchnorm_inputs``
         (usually the training inputs) the running statistics of the module's BatchNorm layers
-        are recomputed for ``values`` on entry (:func:`pyro_flat.batchnorm.recompute_batchnorm`,
-        in minibatches of ``batch_size``), as SWAG requires for each draw, and put back as they
-        were on exit. Needs SWAG built over a ``torch.nn.Module``.
+        are recomputed for ``values`` on entry
+        (:func:`pyro_flat.models.batchnorm.recompute_batchnorm`, in minibatches of ``batch_size``),
+        as SWAG requires for each draw, and put back as they were on exit. Needs SWAG built over a
+        ``torch.nn.Module``.
         """
         missing = set(self.params) - set(values)
         if missing:
@@ -197,7 +199,7 @@ class SWAG:
                 for n, p in self.params.items():
                     p.copy_(values[n])
             if batchnorm_inputs is not None:
-                from pyro_flat.batchnorm import recompute_batchnorm
+                from pyro_flat.models.batchnorm import recompute_batchnorm
 
                 recompute_batchnorm(self.module, None, batchnorm_inputs, batch_size=batch_size)
             yield

@@ -19,10 +19,10 @@ from pyro.infer import MCMC
 from torch import nn
 
 from pyro_flat import sample_stats
-from pyro_flat.bnn import BNN
 from pyro_flat.infer import L2E, SASGLD, SGHMC, SGLD, ContourSGLD, CyclicalSGLD, EntropyMCMC
 from pyro_flat.infer.mcmc.l2e.meta_net import MetaNet
-from pyro_flat.likelihoods import Categorical
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import Categorical
 
 PATH = pathlib.Path(__file__).parent / "data" / "fixed_seed_runs.pt"
 SEED = 20261125

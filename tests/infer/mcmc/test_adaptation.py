@@ -20,10 +20,10 @@ import torch
 from harness import Z
 
 from pyro_flat import kernel_diagnostics, sample_stats
-from pyro_flat.bnn import BNN
 from pyro_flat.infer import SASGLD, SGHMC, SGLD, ContourSGLD, CyclicalSGLD, EntropyMCMC
 from pyro_flat.infer.mcmc import adaptation
-from pyro_flat.likelihoods import HomoskedasticGaussian
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import HomoskedasticGaussian
 
 PRECISION = torch.tensor([100.0, 4.0, 1.0], dtype=torch.float64)
 

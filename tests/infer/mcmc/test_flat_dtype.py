@@ -15,9 +15,9 @@ from pyro.infer import MCMC
 from pyro.infer.mcmc.util import initialize_model
 from pyro.nn import PyroModule, PyroSample
 
-from pyro_flat.bnn import BNN
 from pyro_flat.infer import SGLD
-from pyro_flat.likelihoods import HomoskedasticGaussian
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import HomoskedasticGaussian
 from pyro_flat.target.layout import FlatLayout
 
 F64 = torch.float64

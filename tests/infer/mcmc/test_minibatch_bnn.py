@@ -54,7 +54,7 @@ import torch
 from harness import Z
 from pyro.infer import MCMC
 
-from pyro_flat.export import to_arviz
+from pyro_flat.draws.export import to_arviz
 from pyro_flat.infer import SGHMC
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "nuts_small_bnn.json").read_text())

@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 from pyro_flat import kernel_diagnostics
-from pyro_flat.ascent import ASAM_OFFSET as GEOMETRY_ETA
-from pyro_flat.bnn import BNN
 from pyro_flat.infer.mcmc.sharpness import SASGLD, find_batchnorm
-from pyro_flat.likelihoods import HomoskedasticGaussian
+from pyro_flat.models.bnn import BNN
+from pyro_flat.models.likelihoods import HomoskedasticGaussian
+from pyro_flat.optim.ascent import ASAM_OFFSET as GEOMETRY_ETA
 
 
 def stats_of(mcmc):

@@ -101,9 +101,9 @@ def test_network_weights_are_not_monitored():
     import pyro.distributions as dist
     from pyro.nn import PyroModule, PyroSample
 
-    from pyro_flat.bnn import BNN
     from pyro_flat.infer.mcmc.thinning import network_weight_sites
-    from pyro_flat.likelihoods import HomoskedasticGaussian
+    from pyro_flat.models.bnn import BNN
+    from pyro_flat.models.likelihoods import HomoskedasticGaussian
 
     class Net(PyroModule):
         def __init__(self):

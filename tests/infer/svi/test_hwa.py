@@ -53,6 +53,28 @@ def test_learning_rate_schedule_reaches_the_torch_optimisers():
     assert HWA(svi, (0.002, 0.002), 1).learning_rate(7) == 0.002
 
 
+def test_per_parameter_optimiser_arguments_get_the_scheduled_rate_once_wrapped():
+    """With ``pt_optim_args`` a callable (per-parameter arguments), the parameters an SVI step
+    creates get the scheduled learning rate and keep their other arguments; the callable is
+    wrapped once, however many steps run."""
+    pyro.clear_param_store()
+    pyro.set_rng_seed(0)
+    optim = pyro.optim.Adam(lambda name, param: {"lr": 0.05, "betas": (0.8, 0.9)})
+    svi = SVI(model, AutoNormal(model), optim, Trace_ELBO())
+    hwa = HWA(svi, lr_bounds=(0.001, 0.01), cycle_length=4)
+    x, y = data()
+    hwa.step(x, y)  # the guide's parameters are created in this step, at the first rate
+    wrapped = svi.optim.pt_optim_args
+    assert wrapped("any", None) == {"lr": 0.01, "betas": (0.8, 0.9)}
+    for opt in svi.optim.optim_objs.values():
+        assert opt.param_groups[0]["lr"] == pytest.approx(0.01)
+        assert opt.param_groups[0]["betas"] == (0.8, 0.9)
+    for _ in range(5):
+        hwa.step(x, y)
+    assert svi.optim.pt_optim_args is wrapped
+    assert wrapped("any", None)["lr"] == pytest.approx(hwa.learning_rate(5))
+
+
 def test_running_moments_equal_a_direct_computation():
     svi, _ = fitted(AutoNormal)
     hwa = HWA(svi, lr_bounds=(0.001, 0.02), cycle_length=3)

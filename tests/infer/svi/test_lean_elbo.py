@@ -148,8 +148,8 @@ def test_float32_bnn_first_step_within_float32_rounding(guide_name):
     """The package's BNN in float32, from a guide that has never run (the first call sets it
     up, drawing the same random numbers on both paths): agreement to float32 rounding of sums
     of ~1e3 terms (1e-5 relative)."""
-    from pyro_flat.bnn import BNN
-    from pyro_flat.likelihoods import Categorical
+    from pyro_flat.models.bnn import BNN
+    from pyro_flat.models.likelihoods import Categorical
 
     results = []
     for elbo in (Trace_ELBO(), LeanELBO()):

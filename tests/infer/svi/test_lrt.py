@@ -15,7 +15,7 @@ from pyro.infer.autoguide import AutoDiagonalNormal, AutoNormal
 
 from pyro_flat.infer import SharpnessAwareELBO
 from pyro_flat.infer.svi.lrt import LocalReparameterization
-from pyro_flat.nn import make_bayesian
+from pyro_flat.models.nn import make_bayesian
 
 Z = 4.5  # standard errors, as in tests/harness.py
 ORIGINAL = {name: getattr(F, name) for name in ("linear", "conv1d", "conv2d", "conv3d")}

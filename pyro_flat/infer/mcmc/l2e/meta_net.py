@@ -51,7 +51,7 @@ OUTPUT_SCALE: float = 1e-3
 FRICTION: float = 0.1
 #: The ``eps`` of the feature normalisation ``x / sqrt(eps + mean(x^2))``.
 NORM_EPS: float = 1e-5
-#: File name of the shipped meta-parameters in ``pyro_flat/data``.
+#: File name of the shipped meta-parameters, beside this module.
 SHIPPED_FILE = "l2e_meta_params.npz"
 
 _INFO_KEY = "pyro_flat_info"
@@ -219,8 +219,9 @@ class MetaNet:
 
     @classmethod
     def shipped(cls) -> MetaNet:
-        """The meta-parameters trained by this project (``pyro_flat/data/l2e_meta_params.npz``)."""
-        ref = resources.files("pyro_flat").joinpath("data", SHIPPED_FILE)
+        """The meta-parameters trained by this project
+        (``pyro_flat/infer/mcmc/l2e/l2e_meta_params.npz``)."""
+        ref = resources.files("pyro_flat.infer.mcmc.l2e").joinpath(SHIPPED_FILE)
         with resources.as_file(ref) as path:
             return cls.load(path)
 

@@ -122,8 +122,8 @@ def bma_probs(
     Parameters
     ----------
     model_net : torch.nn.Module
-        The Bayesian network, e.g. from :func:`pyro_flat.nn.make_bayesian`, returning logits of
-        shape ``(batch, num_classes)``. Its mode is left as it is: call ``model_net.eval()``
+        The Bayesian network, e.g. from :func:`pyro_flat.models.nn.make_bayesian`, returning logits
+        of shape ``(batch, num_classes)``. Its mode is left as it is: call ``model_net.eval()``
         first if it has dropout or batch normalisation.
     samples : dict of str to torch.Tensor
         Posterior draws ``{site: tensor of shape (num_draws, *site_shape)}``, as
@@ -153,8 +153,8 @@ def bma_probs(
     Examples
     --------
     >>> import torch
-    >>> from pyro_flat.nn import make_bayesian
-    >>> from pyro_flat.predictive import bma_probs
+    >>> from pyro_flat.models.nn import make_bayesian
+    >>> from pyro_flat.evaluation.predictive import bma_probs
     >>> net = make_bayesian(torch.nn.Linear(3, 4))
     >>> samples = {"weight": torch.randn(10, 4, 3), "bias": torch.randn(10, 4)}
     >>> probs = bma_probs(net, samples, torch.randn(7, 3))
@@ -200,7 +200,7 @@ def draw_outputs(
 
     What :func:`bma_probs` averages after a softmax, for networks whose outputs are not logits,
     e.g. the mean and raw scale of a heteroscedastic regression
-    (:class:`pyro_flat.likelihoods.HeteroskedasticGaussian`). Each draw is plugged in with
+    (:class:`pyro_flat.models.likelihoods.HeteroskedasticGaussian`). Each draw is plugged in with
     :func:`pyro.poutine.condition` and the network runs on ``x`` in chunks of ``batch_size``
     rows under ``torch.no_grad()``, on the device of ``x``; the global random state is left as
     it was. ``samples`` is checked as by :func:`bma_probs`.
@@ -208,7 +208,7 @@ def draw_outputs(
     Examples
     --------
     >>> import torch
-    >>> from pyro_flat.nn import make_bayesian
+    >>> from pyro_flat.models.nn import make_bayesian
     >>> net = make_bayesian(torch.nn.Linear(3, 2))
     >>> samples = {"weight": torch.randn(5, 2, 3), "bias": torch.randn(5, 2)}
     >>> draw_outputs(net, samples, torch.randn(7, 3)).shape

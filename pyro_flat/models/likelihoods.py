@@ -2,7 +2,7 @@
 
 A likelihood turns a network's output on a minibatch into the distribution of each target,
 and draws its own latent parameters (e.g. a learned noise scale) once per model run, outside
-the data plate. :class:`pyro_flat.bnn.BNN` uses them; each is a few lines of plain Pyro.
+the data plate. :class:`pyro_flat.models.bnn.BNN` uses them; each is a few lines of plain Pyro.
 
 =================================  ===================================  ==========================
 likelihood                         network output per data point        latent sites
@@ -16,7 +16,7 @@ likelihood                         network output per data point        latent s
 Examples
 --------
 >>> import torch
->>> from pyro_flat.likelihoods import HeteroskedasticGaussian
+>>> from pyro_flat.models.likelihoods import HeteroskedasticGaussian
 >>> d = HeteroskedasticGaussian().distribution(torch.zeros(4, 2), {})
 >>> d.batch_shape, bool((d.scale > 0).all())
 (torch.Size([4]), True)
@@ -48,7 +48,7 @@ class Likelihood:
         """Draw the likelihood's own latent sites (called once per model run, outside the
         data plate); none by default.
 
-        ``dtype``: the floating dtype of the latents' priors (:class:`~pyro_flat.bnn.BNN`
+        ``dtype``: the floating dtype of the latents' priors (:class:`~pyro_flat.models.bnn.BNN`
         passes the dtype of its inputs, so that a float64 network has float64 latents);
         ``None``: torch's default dtype. A subclass whose ``latents`` takes no ``dtype`` is
         called without it.
@@ -99,7 +99,7 @@ class HomoskedasticGaussian(Likelihood):
     scale : float, optional
         A fixed ``sigma > 0``. ``None`` (default) learns it: the latent site ``obs_scale``
         with prior ``HalfNormal(prior_scale)``, in the dtype ``latents`` is given (in a
-        :class:`~pyro_flat.bnn.BNN`, its inputs' dtype).
+        :class:`~pyro_flat.models.bnn.BNN`, its inputs' dtype).
     prior_scale : float
         The scale of the ``HalfNormal`` prior of a learned ``sigma``, ``> 0``.
     """

@@ -6,10 +6,11 @@ enough for full-batch NUTS, as the "ground truth" that approximate methods are s
 Izmailov et al. (2021) ran full-batch HMC on BNNs with several chains and scored every
 approximate method by its predictive's agreement with HMC's; the NeurIPS 2021 approximate
 inference competition (Wilson et al. 2022) turned this into the scores
-:func:`pyro_flat.metrics.agreement` and :func:`pyro_flat.metrics.total_variation`
-(classification) and a Wasserstein distance between predictive draws,
-:func:`pyro_flat.regression.wasserstein2` (regression). :func:`hmc_reference` runs Pyro's NUTS
-(Hoffman & Gelman 2014) with several chains and computes the rank-normalised split R-hat and
+:func:`pyro_flat.evaluation.classification.agreement` and
+:func:`pyro_flat.evaluation.classification.total_variation` (classification) and a Wasserstein
+distance between predictive draws,
+:func:`pyro_flat.evaluation.regression.wasserstein2` (regression). :func:`hmc_reference` runs Pyro's
+NUTS (Hoffman & Gelman 2014) with several chains and computes the rank-normalised split R-hat and
 bulk effective sample size of every parameter (Vehtari et al. 2021), flagging (and by default
 warning about) a reference that has not converged; :func:`reference_predictive` turns the
 draws into the reference predictive those scores take.
@@ -20,10 +21,10 @@ Scoring a method against the reference, here with made-up draws in place of NUTS
 (``ref = hmc_reference(model, x_train, y_train)``, then ``ref.predictive(x_test)``):
 
 >>> import torch
->>> from pyro_flat import metrics
->>> from pyro_flat.bnn import BNN
->>> from pyro_flat.hmc_reference import reference_predictive
->>> from pyro_flat.likelihoods import Categorical
+>>> from pyro_flat.evaluation import classification
+>>> from pyro_flat.models.bnn import BNN
+>>> from pyro_flat.evaluation.hmc_reference import reference_predictive
+>>> from pyro_flat.models.likelihoods import Categorical
 >>> model = BNN(torch.nn.Linear(2, 3), Categorical())  # multinomial logistic regression
 >>> g = torch.Generator().manual_seed(0)
 >>> hmc = {"net.weight": torch.randn(50, 3, 2, generator=g), "net.bias": torch.zeros(50, 3)}
@@ -31,7 +32,8 @@ Scoring a method against the reference, here with made-up draws in place of NUTS
 >>> x_test = torch.randn(200, 2, generator=g)
 >>> reference = reference_predictive(model, hmc, x_test)  # (200, 3) BMA probabilities
 >>> probs = reference_predictive(model, other, x_test)
->>> metrics.agreement(probs, reference), round(metrics.total_variation(probs, reference), 2)
+>>> agreement = classification.agreement(probs, reference)
+>>> agreement, round(classification.total_variation(probs, reference), 2)
 (0.96, 0.02)
 
 References
@@ -63,10 +65,11 @@ from pyro.distributions.torch_distribution import ExpandedDistribution, MaskedDi
 from pyro.infer import MCMC, NUTS, Predictive
 from pyro.infer.autoguide.initialization import init_to_sample
 
-from pyro_flat import likelihoods, validation
-from pyro_flat.bnn import BNN
+from pyro_flat import validation
 from pyro_flat.diagnostics import bulk_ess, split_rhat
-from pyro_flat.predictive import bma_probs
+from pyro_flat.evaluation.predictive import bma_probs
+from pyro_flat.models import likelihoods
+from pyro_flat.models.bnn import BNN
 from pyro_flat.target.sites import latent_sites
 
 __all__ = [
@@ -194,7 +197,7 @@ def hmc_reference(
     Parameters
     ----------
     model : callable
-        A Pyro model that uses all its data in every run: a :class:`pyro_flat.bnn.BNN`
+        A Pyro model that uses all its data in every run: a :class:`pyro_flat.models.bnn.BNN`
         without ``subsample_size``, or any model without subsampled plates.
     *args
         The model's arguments, e.g. ``x, y``.
@@ -238,8 +241,8 @@ def hmc_reference(
     Examples
     --------
     >>> import torch
-    >>> from pyro_flat.bnn import BNN
-    >>> from pyro_flat.likelihoods import HomoskedasticGaussian
+    >>> from pyro_flat.models.bnn import BNN
+    >>> from pyro_flat.models.likelihoods import HomoskedasticGaussian
     >>> x = torch.linspace(-1, 1, 10).unsqueeze(1); y = 2 * x.squeeze(1)
     >>> model = BNN(torch.nn.Linear(1, 1), HomoskedasticGaussian(scale=0.5))  # linear
     >>> # a short run for the example: thresholds relaxed from 1.01 and 100 per chain
@@ -359,15 +362,17 @@ def reference_predictive(
     r"""The posterior predictive of ``model`` under ``samples``, as the reference scores take.
 
     * Classification: :math:`\bar p(y \mid x) = \frac1S \sum_s p(y \mid x, \theta_s)`, the
-      ``(num_data, num_classes)`` probabilities for :func:`pyro_flat.metrics.agreement` and
-      :func:`~pyro_flat.metrics.total_variation`. For a :class:`pyro_flat.bnn.BNN` with a
-      ``Categorical`` likelihood they come from :func:`pyro_flat.predictive.bma_probs`;
-      otherwise from the distribution of the site ``obs_site`` of the model run on each draw
-      (``Categorical``, or ``Bernoulli`` as two classes ``[1 - p, p]``).
+      ``(num_data, num_classes)`` probabilities for
+      :func:`pyro_flat.evaluation.classification.agreement` and
+      :func:`~pyro_flat.evaluation.classification.total_variation`. For a
+      :class:`pyro_flat.models.bnn.BNN` with a ``Categorical`` likelihood they come from
+      :func:`pyro_flat.evaluation.predictive.bma_probs`; otherwise from the distribution of the site
+      ``obs_site`` of the model run on each draw (``Categorical``, or ``Bernoulli`` as two classes
+      ``[1 - p, p]``).
     * Regression: ``(S, num_data)`` draws :math:`y_s \sim p(y \mid x, \theta_s)`, one per
       posterior draw, observation noise included, from :class:`pyro.infer.Predictive`, for
-      :func:`pyro_flat.regression.wasserstein2` (an observed site of several dimensions per
-      point is flattened).
+      :func:`pyro_flat.evaluation.regression.wasserstein2` (an observed site of several dimensions
+      per point is flattened).
 
     Parameters
     ----------
@@ -387,7 +392,7 @@ def reference_predictive(
         Seed of the observation noise of regression draws; the global random state is
         restored afterwards.
     batch_size : int
-        Rows per forward pass of :func:`~pyro_flat.predictive.bma_probs`.
+        Rows per forward pass of :func:`~pyro_flat.evaluation.predictive.bma_probs`.
 
     Returns
     -------

@@ -12,7 +12,7 @@ first-order estimate, the rise after one normalised ascent step of length :math:
 with :math:`L` the mean negative log-likelihood over the data (the cross-entropy of logits or
 half the squared error, by ``task``, or any loss of the network's output given as ``loss``,
 e.g. the Gaussian NLL of a mean-and-scale head) and the norm taken over all parameters
-together (:func:`pyro_flat.ascent.ascent_perturbation`: a zero or non-finite gradient gives no
+together (:func:`pyro_flat.optim.ascent.ascent_perturbation`: a zero or non-finite gradient gives no
 step, so :math:`S_\rho = 0`); the paper reports the mean of :math:`S^{\max}_\rho` over
 posterior draws. Besides it: the largest Hessian eigenvalue (:func:`hessian_top_eigenvalue`,
 power iteration on Hessian-vector products) and one-dimensional slices of the loss landscape,
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from pyro_flat import validation
-from pyro_flat.ascent import ascent_perturbation
+from pyro_flat.optim.ascent import ascent_perturbation
 from pyro_flat.target.sites import latent_sites
 
 #: A loss of the network's output: ``(output, y) -> per-point losses (B,) or their mean``.
@@ -79,8 +79,8 @@ def sharpness(
     Parameters
     ----------
     net : callable
-        The Bayesian network (e.g. from :func:`pyro_flat.nn.make_bayesian`): ``net(x)`` returns
-        logits (classification) or predictions (regression, squared-error loss).
+        The Bayesian network (e.g. from :func:`pyro_flat.models.nn.make_bayesian`): ``net(x)``
+        returns logits (classification) or predictions (regression, squared-error loss).
     draws : dict
         ``{site: tensor(num_draws, *shape)}``, e.g. ``mcmc.get_samples()``; sites the network
         does not sample are ignored.
@@ -104,7 +104,7 @@ def sharpness(
     Examples
     --------
     >>> import torch
-    >>> from pyro_flat.nn import make_bayesian
+    >>> from pyro_flat.models.nn import make_bayesian
     >>> net = make_bayesian(torch.nn.Linear(3, 2))
     >>> draws = {"weight": torch.randn(4, 2, 3), "bias": torch.randn(4, 2)}
     >>> sharpness(net, draws, torch.randn(10, 3), torch.randint(0, 2, (10,))).shape
@@ -205,7 +205,7 @@ def max_sharpness(
     Examples
     --------
     >>> import torch
-    >>> from pyro_flat.nn import make_bayesian
+    >>> from pyro_flat.models.nn import make_bayesian
     >>> net = make_bayesian(torch.nn.Linear(3, 2))
     >>> draws = {"weight": torch.randn(4, 2, 3), "bias": torch.randn(4, 2)}
     >>> x, y = torch.randn(10, 3), torch.randint(0, 2, (10,))
@@ -281,7 +281,7 @@ def mean_loss(
     Examples
     --------
     >>> import torch
-    >>> from pyro_flat.nn import make_bayesian
+    >>> from pyro_flat.models.nn import make_bayesian
     >>> net = make_bayesian(torch.nn.Linear(1, 1, bias=False))
     >>> x, y = torch.ones(3, 1), torch.zeros(3)
     >>> abs_error = lambda out, y: (out.squeeze(-1) - y).abs()  # per point, averaged

@@ -2,8 +2,9 @@ r"""The ascent step of sharpness-aware methods: one normalised step up the loss.
 
 Every sharpness-aware method of the package (:class:`~pyro_flat.optim.SAM`,
 :class:`~pyro_flat.infer.SharpnessAwareELBO`, :class:`~pyro_flat.infer.SASGLD` and the measure
-:func:`~pyro_flat.flatness.sharpness`) moves the parameters :math:`\theta` to the approximate
-maximiser :math:`\theta + e` of the loss in a ball of radius :math:`\rho` around them, and
+:func:`~pyro_flat.evaluation.flatness.sharpness`) moves the parameters :math:`\theta` to the
+approximate maximiser :math:`\theta + e` of the loss in a ball of radius :math:`\rho` around them,
+and
 :func:`ascent_perturbation` is that step :math:`e`. The parameters may come as many tensors
 (a network's weights and biases) or as one flat vector (an SG-MCMC kernel's state); the norm
 always runs over all of them together.

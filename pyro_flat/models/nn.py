@@ -88,6 +88,13 @@ _SCALE_RULES = ("fixed", "fan_in")
 # --------------------------------------------------------------------------------------------
 
 
+def _own_parameters(layer: nn.Module) -> dict[str, nn.Parameter]:
+    """``{name: parameter}`` of ``layer`` itself (not its children), every name of a parameter
+    registered twice included, read without ``PyroModule``'s attribute lookup (which would
+    draw a ``PyroSample``)."""
+    return dict(layer.named_parameters(recurse=False, remove_duplicate=False))
+
+
 def _plain_class(cls: type) -> type:
     """The torch class behind a ``PyroModule[cls]`` mixin, else ``cls`` itself."""
     for plain, mixin in _PyroModuleMeta._pyro_mixin_cache.items():
@@ -103,17 +110,13 @@ def _meta_template(layer: nn.Module) -> nn.Module:
     pickles cheaply; :meth:`LayerInit.__call__` materialises a copy with ``to_empty``.
     """
     memo: dict[int, Any] = {}
-    for child in layer._modules.values():
-        if child is not None:
-            memo[id(child)] = None
-    for p in layer._parameters.values():
-        if p is not None:
-            memo[id(p)] = nn.Parameter(
-                torch.empty_like(p, device="meta"), requires_grad=p.requires_grad
-            )
-    for b in layer._buffers.values():
-        if b is not None:
-            memo[id(b)] = torch.empty_like(b, device="meta")
+    for child in layer.children():
+        memo[id(child)] = None
+    for p in layer.parameters(recurse=False):
+        memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"),
+                                   requires_grad=p.requires_grad)
+    for b in layer.buffers(recurse=False):
+        memo[id(b)] = torch.empty_like(b, device="meta")
     for key, value in layer.__dict__.items():
         if "hook" in key and isinstance(value, dict):
             memo[id(value)] = type(value)()
@@ -167,7 +170,7 @@ class LayerInit:
     """
 
     def __init__(self, layer: nn.Module, name: str):
-        param = layer._parameters.get(name)
+        param = _own_parameters(layer).get(name)
         if param is None:
             raise ValueError(f"name must name a parameter of the layer, got {name!r}")
         self.name = name
@@ -187,14 +190,14 @@ class LayerInit:
         if not callable(getattr(template, "reset_parameters", None)):
             return False
         trial = copy.deepcopy(template)
-        before = trial._parameters[self.name]
+        before = _own_parameters(trial)[self.name]
         version = before._version
         try:
             with torch.no_grad():
                 trial.reset_parameters()
         except Exception:
             return False
-        after = trial._parameters.get(self.name)
+        after = _own_parameters(trial).get(self.name)
         if after is None or tuple(after.shape) != self.shape:
             return False
         # In-place initialisers bump the version counter; a rebinding creates a new tensor.
@@ -208,7 +211,7 @@ class LayerInit:
         layer = copy.deepcopy(self.template).to_empty(device=self.device)
         with torch.no_grad():
             layer.reset_parameters()
-        return layer._parameters[self.name].detach().to(self.dtype)
+        return _own_parameters(layer)[self.name].detach().to(self.dtype)
 
     def __repr__(self) -> str:
         how = "reset_parameters" if self.template is not None else "copy"
@@ -256,9 +259,9 @@ def _fan_in(param: torch.Tensor, layer: nn.Module) -> int | None:
     layer's ``weight``'s, else None."""
     if param.dim() >= 2:
         return nn.init._calculate_fan_in_and_fan_out(param)[0]
-    weight = layer._parameters.get("weight")
+    weight = _own_parameters(layer).get("weight")
     if weight is None:
-        weight = layer._buffers.get("weight")
+        weight = dict(layer.named_buffers(recurse=False)).get("weight")
     if isinstance(weight, torch.Tensor) and weight.dim() >= 2:
         return nn.init._calculate_fan_in_and_fan_out(weight)[0]
     return None
@@ -396,10 +399,9 @@ def make_bayesian(
 
     owners: dict[str, tuple[str, nn.Module, str]] = {}
     for module_name, layer in module.named_modules():
-        for attr, p in layer._parameters.items():
-            if p is not None:
-                full = f"{module_name}.{attr}" if module_name else attr
-                owners.setdefault(full, (module_name, layer, attr))
+        for attr in _own_parameters(layer):
+            full = f"{module_name}.{attr}" if module_name else attr
+            owners.setdefault(full, (module_name, layer, attr))
     is_norm = {n: isinstance(owners[n][1], NORM_LAYERS) for n in names}
     if include_p is not None and not bayesian_batchnorm:
         for pattern in include_p:
@@ -415,7 +417,7 @@ def make_bayesian(
     chosen_ids = {}
     for name in names:
         module_name, layer, attr = owners[name]
-        param = layer._parameters[attr]
+        param = _own_parameters(layer)[attr]
         selected = (include_p is None or any(_matches(name, p) for p in include_p)) and not (
             exclude_p is not None and any(_matches(name, p) for p in exclude_p)
         )
@@ -435,9 +437,9 @@ def make_bayesian(
         plan.append((layer, attr, "sample", prior_dist))
 
     for module_name, layer in module.named_modules(remove_duplicate=False):
-        for attr, p in layer._parameters.items():
+        for attr, p in _own_parameters(layer).items():
             full = f"{module_name}.{attr}" if module_name else attr
-            if p is not None and id(p) in chosen_ids and chosen_ids[id(p)] != full:
+            if id(p) in chosen_ids and chosen_ids[id(p)] != full:
                 raise ValueError(
                     f"parameter {chosen_ids[id(p)]!r} is shared with {full!r}; tied "
                     "parameters cannot be made Bayesian, exclude them"

@@ -3,20 +3,22 @@
 Every function takes torch tensors and returns a Python float (``predictive_entropy`` can also
 return the per-example entropies, the usual OOD score). ``probs`` is a ``(num_data,
 num_classes)`` tensor of predicted class probabilities, e.g. the Bayesian model average of
-:func:`pyro_flat.predictive.bma_probs`, and ``y`` the ``(num_data,)`` integer class labels.
-Computations run in float64 on the CPU, so results do not depend on the input dtype or device.
+:func:`pyro_flat.evaluation.predictive.bma_probs`, and ``y`` the ``(num_data,)`` integer class
+labels. Computations run in float64 on the CPU, so results do not depend on the input dtype or
+device.
 
 Examples
 --------
 >>> import torch
->>> from pyro_flat import metrics
+>>> from pyro_flat.evaluation import classification
 >>> probs = torch.tensor([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4]])
 >>> y = torch.tensor([0, 1, 1])
->>> metrics.accuracy(probs, y)  # doctest: +ELLIPSIS
+>>> classification.accuracy(probs, y)  # doctest: +ELLIPSIS
 0.666...
->>> round(metrics.brier(probs, y), 4)  # ((0.1^2 + 0.1^2) + (0.3^2 + 0.3^2) + (0.6^2 + 0.6^2)) / 3
+>>> # ((0.1^2 + 0.1^2) + (0.3^2 + 0.3^2) + (0.6^2 + 0.6^2)) / 3
+>>> round(classification.brier(probs, y), 4)
 0.3067
->>> metrics.ood_auroc(torch.tensor([0.1, 0.2]), torch.tensor([0.3, 0.2]))
+>>> classification.ood_auroc(torch.tensor([0.1, 0.2]), torch.tensor([0.3, 0.2]))
 0.875
 """
 
@@ -324,9 +326,9 @@ def agreement(probs: torch.Tensor, reference_probs: torch.Tensor) -> float:
 
     with ``argmax`` taking the first class on ties, as NumPy's and the NeurIPS 2021
     approximate-inference competition's scoring code (Wilson et al. 2022) do. ``q`` is the
-    reference predictive, e.g. the HMC one of :func:`pyro_flat.hmc_reference.hmc_reference`
-    (Izmailov et al. 2021); 1 is perfect agreement. The score compares predictions, not
-    labels: no test labels are needed.
+    reference predictive, e.g. the HMC one of
+    :func:`pyro_flat.evaluation.hmc_reference.hmc_reference` (Izmailov et al. 2021); 1 is perfect
+    agreement. The score compares predictions, not labels: no test labels are needed.
 
     Parameters
     ----------

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from pyro_flat import validation
-from pyro_flat.draw_store import Part, part_name
+from pyro_flat.draws.files import Part, part_name
 
 __all__ = ["DrawWriter"]
 
@@ -33,7 +33,7 @@ class DrawWriter:
     them to netCDF-4 files in blocks of ``block_size`` draws. Together with
     ``MCMC(..., save_params=[...])``, which tells Pyro's driver which sites to keep in memory
     (``[]``: none), the draws need not fit in memory: the writer holds one block. Open the
-    result with :func:`pyro_flat.open_draws` (the layout is in :mod:`pyro_flat.draw_store`).
+    result with :func:`pyro_flat.open_draws` (the layout is in :mod:`pyro_flat.draws.files`).
 
     Constant memory: with ``save_params=[]``, every statistic written (``stats=True``) and
     ``thin=1``, the writer also *releases* the statistics it has written from the kernel's

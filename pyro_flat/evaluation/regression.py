@@ -8,7 +8,7 @@ points, lower is better for the errors, and each says which library computes it.
 Examples
 --------
 >>> import torch
->>> from pyro_flat import regression
+>>> from pyro_flat.evaluation import regression
 >>> y = torch.zeros(100)
 >>> draws = torch.randn(4000, 100, generator=torch.Generator().manual_seed(0))
 >>> summary = regression.predictive_summary(draws, level=0.9)
@@ -257,8 +257,8 @@ def wasserstein2(
         ``(S, num_data)`` predictive draws of the method scored, ``S >= 2``.
     reference_draws : torch.Tensor
         ``(R, num_data)`` reference predictive draws of the same points (e.g. from
-        :func:`pyro_flat.hmc_reference.reference_predictive`), ``R >= 2``; ``R`` may differ
-        from ``S``.
+        :func:`pyro_flat.evaluation.hmc_reference.reference_predictive`), ``R >= 2``; ``R`` may
+        differ from ``S``.
     reduction : {"mean", "none"}
         The mean over points as a float, or the ``(num_data,)`` float64 tensor.
 

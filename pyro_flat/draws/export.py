@@ -19,7 +19,7 @@ import torch
 from pyro.poutine.util import site_is_subsample
 
 from pyro_flat import validation
-from pyro_flat.batchnorm_state import evaluation_mode
+from pyro_flat.models.batchnorm import evaluation_mode
 from pyro_flat.target.observed_shapes import check_observed_site
 from pyro_flat.target.subsample import InjectIndices
 
@@ -47,8 +47,8 @@ def to_arviz(
     """Convert a finished :class:`pyro.infer.MCMC` run, or a dict of draws, to ArviZ.
 
     ``source`` is either an ``MCMC`` run or draws ``{site: tensor of shape (num_draws,
-    *site_shape)}``, e.g. from a fitted guide (:func:`pyro_flat.predictive.guide_draws`, which
-    covers HWA's averaged guide) or from SWAG (:meth:`pyro_flat.infer.SWAG.draws`), exported
+    *site_shape)}``, e.g. from a fitted guide (:func:`pyro_flat.evaluation.predictive.guide_draws`,
+    which covers HWA's averaged guide) or from SWAG (:meth:`pyro_flat.infer.SWAG.draws`), exported
     as one chain with no ``sample_stats``.
 
     Groups:
@@ -79,11 +79,11 @@ def to_arviz(
 
     **The replay leaves the model as it was.** By default (``eval_mode=True``) the model is
     replayed in evaluation mode: every :class:`torch.nn.Module` reachable from it
-    (:func:`pyro_flat.batchnorm_state.model_modules`: the model, its module attributes, a
+    (:func:`pyro_flat.models.batchnorm.model_modules`: the model, its module attributes, a
     function's closure and the global modules it names, and their submodules) has
     ``training = False`` during the replay, so Dropout is off and BatchNorm normalises with
     its running statistics as they are (not recomputed per draw: see
-    :func:`pyro_flat.batchnorm.recompute_batchnorm`). Afterwards every module's ``training``
+    :func:`pyro_flat.models.batchnorm.recompute_batchnorm`). Afterwards every module's ``training``
     flag and every BatchNorm layer's ``running_mean``, ``running_var`` and
     ``num_batches_tracked`` are exactly what they were, whatever ``eval_mode``.
 
@@ -179,7 +179,7 @@ def to_arviz(
     Draws of a fitted guide export the same way:
 
     >>> from pyro.infer.autoguide import AutoNormal
-    >>> from pyro_flat.predictive import guide_draws
+    >>> from pyro_flat.evaluation.predictive import guide_draws
     >>> guide = AutoNormal(model)
     >>> _ = guide(x, y)  # creates the guide's parameters
     >>> idata = to_arviz(guide_draws(guide, 50, x, y), model=model, model_args=(x, y))

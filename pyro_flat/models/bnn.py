@@ -16,8 +16,8 @@ import torch
 from pyro.nn import PyroModule
 
 from pyro_flat import validation
-from pyro_flat.likelihoods import Likelihood
-from pyro_flat.nn import make_bayesian
+from pyro_flat.models.likelihoods import Likelihood
+from pyro_flat.models.nn import make_bayesian
 
 __all__ = ["BNN"]
 
@@ -75,10 +75,10 @@ class BNN(PyroModule):
     ----------
     net : torch.nn.Module
         The network. A plain module is made Bayesian in place by
-        :func:`pyro_flat.nn.make_bayesian` (with ``prior_scale`` and ``**prior_options``); a
+        :func:`pyro_flat.models.nn.make_bayesian` (with ``prior_scale`` and ``**prior_options``); a
         module that is already a ``PyroModule`` is used as it is, with its own priors (then
         ``prior_scale`` and ``**prior_options`` are refused, not ignored).
-    likelihood : pyro_flat.likelihoods.Likelihood
+    likelihood : pyro_flat.models.likelihoods.Likelihood
         E.g. ``Categorical()``, ``Bernoulli()``, ``HomoskedasticGaussian()`` (learned noise),
         ``HeteroskedasticGaussian()``.
     prior_scale : float
@@ -86,15 +86,15 @@ class BNN(PyroModule):
     subsample_size : int, optional
         ``B``: the minibatch of each model run (SVI steps, SG-MCMC steps). ``None``: all data.
     **prior_options
-        Passed to :func:`~pyro_flat.nn.make_bayesian` (``scale_rule``, ``include``, ...).
+        Passed to :func:`~pyro_flat.models.nn.make_bayesian` (``scale_rule``, ``include``, ...).
 
     Examples
     --------
     >>> import torch, pyro
     >>> pyro.set_rng_seed(0)
     >>> from pyro.infer import MCMC, NUTS
-    >>> from pyro_flat.bnn import BNN
-    >>> from pyro_flat.likelihoods import HomoskedasticGaussian
+    >>> from pyro_flat.models.bnn import BNN
+    >>> from pyro_flat.models.likelihoods import HomoskedasticGaussian
     >>> net = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     >>> model = BNN(net, HomoskedasticGaussian())  # learned noise: the site "obs_scale"
     >>> x = torch.linspace(-1, 1, 30).unsqueeze(1); y = torch.sin(3 * x).squeeze(1)
@@ -114,7 +114,7 @@ class BNN(PyroModule):
         **prior_options: Any,
     ):
         if not isinstance(likelihood, Likelihood):
-            raise ValueError(f"likelihood must be a pyro_flat.likelihoods.Likelihood (e.g. "
+            raise ValueError(f"likelihood must be a pyro_flat.models.likelihoods.Likelihood (e.g. "
                              f"Categorical() or HomoskedasticGaussian()), got {likelihood!r}")
         if not isinstance(net, torch.nn.Module):
             raise ValueError(f"net must be a torch.nn.Module, got {type(net).__name__}")
