@@ -24,11 +24,13 @@ class SGNHT(SGMCMCKernel):
     def __init__(self, model=None, step_size=None, *, diffusion: float = 1.0, **kwargs):
         super().__init__(model, step_size, **kwargs)
         self.diffusion = diffusion
-        self.state_fields = (
+
+    def state_fields(self):
+        return (
             StateField("momentum", "p, zero at the start and after a non-finite step",
                        reset=True),
             StateField("thermostat", "xi, one per chain, starting at A",
-                       init=partial(thermostat_start, diffusion)),
+                       init=partial(thermostat_start, self.diffusion)),
             StateField("noise", "buffer for eta", init="scratch"),
         )
 

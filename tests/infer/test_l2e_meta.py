@@ -101,7 +101,7 @@ def test_inner_loop_is_the_kernels_update(tasks):
     mcmc.run()
     final = torch.cat([mcmc.get_samples()[n][-1].reshape(-1) for n in task.names])
     kernel_loss = bma_nll(task.log_lik(task.outputs(final, task.x_val), task.y_val)[None])
-    assert kernel.step_size == pytest.approx(math.sqrt(2.0 / task.num_data))
+    assert kernel.base_step_size == pytest.approx(math.sqrt(2.0 / task.num_data))
     assert kernel_loss == pytest.approx(loss, rel=1e-5)
 
 

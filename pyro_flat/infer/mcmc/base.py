@@ -165,8 +165,9 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
     #: Whether the update takes a diagonal metric (``preconditioner="diag"``) and stays exact.
     #: Off unless declared: an update that ignores ``self.metric`` would be silently wrong.
     supports_preconditioner: bool = False
-    #: The state this kernel carries beside the position (none: SGLD's chain is its position).
-    state_fields: tuple[StateField, ...] = ()
+    #: Whether an omitted ``step_size`` follows the kernel's own rule (:meth:`rule_step_size`,
+    #: e.g. L2E's meta-learned step) rather than warmup's choice.
+    has_step_size_rule: bool = False
     #: This rank's shard of the data of a data-parallel chain (set by
     #: :func:`pyro_flat.distributed.data_parallel`; ``None``: all the data is here).
     data_shard: Any = None
@@ -191,7 +192,8 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
     ):
         if (model is None) == (potential_fn is None):
             raise ValueError("give exactly one of model and potential_fn")
-        if step_size is None and step_size_schedule is None and not self.supports_adaptation:
+        if (step_size is None and step_size_schedule is None and not self.supports_adaptation
+                and not self.has_step_size_rule):
             raise ValueError(f"step_size is required: a finite number in (0, inf) ("
                              f"{type(self).__name__} does not declare supports_adaptation, so "
                              "warmup cannot choose it)")
@@ -280,9 +282,15 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
         #: The potential the chain moves on, and the chains' minibatches (set up by each run).
         self.target: Target | None = None
         self.minibatches: ChainMinibatches | None = None
-        self._t = 0
 
     # ------------------------------------------------------------------ subclass interface
+
+    def state_fields(self) -> tuple[StateField, ...]:
+        """The state this kernel carries beside the position and the step count: a tuple of
+        :class:`~pyro_flat.infer.mcmc.state.StateField` (none here: SGLD's chain is its
+        position). Called once per run, after the model is traced (a field may depend on the
+        layout or on ``vectorized_chains``)."""
+        return ()
 
     def update(self, state: KernelState, estimate: Estimate, step_size: float) -> None:
         """Move ``state.position`` (and the kernel's fields) in place, given the estimator's
@@ -419,8 +427,9 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
 
     @property
     def num_steps(self) -> int:
-        """SG steps taken so far by this chain (continues across a resume)."""
-        return self._t
+        """SG steps taken so far by this chain (continues across a resume): the state's
+        ``num_steps``, 0 before a run."""
+        return 0 if self.state is None else self.state.num_steps
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
         self._warmup_steps = warmup_steps
@@ -496,15 +505,14 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
         self.resumed_from: tuple[int, str] | None = None
         if saved is not None:
             z = self._restore(saved)
-            self.resumed_from = (self._t, state_fingerprint(z))
+            self.resumed_from = (self.num_steps, state_fingerprint(z))
         else:
             given = self._user_initial_params or self._kernel_initial_params
             if given is not None and self.model is not None:
                 inits = self._chain_inits(given)
             z = torch.stack([layout.flatten(i) for i in inits])
             z = (z[0] if k is None else z).to(layout.flat_dtype(inits))  # the widest
-            self._t = 0
-            self.state = KernelState.create(z, self.state_fields)
+            self.state = KernelState.create(z, self.state_fields())
         self.warmup.plan(warmup_steps, z)
         self._user_initial_params = None
         self._z = z
@@ -512,7 +520,7 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
         shard = self.data_shard
         #: The potential the chain moves on (:class:`~pyro_flat.target.Target`).
         self.target = Target(self.potential, layout, plate, None if shard is None else (
-            lambda u, grad: shard.all_reduce_(u, grad, self._t)))
+            lambda u, grad: shard.all_reduce_(u, grad, self.num_steps)))
         self.target.bind(z)
         names = tuple(dict.fromkeys(self.stat_names + self.estimator.stat_names))
         self.recorder = DrawRecorder(names, self.stat_dtypes)
@@ -645,7 +653,7 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
         # a draw of vectorised chains diverges where any of its chains did
         divergences = torch.nonzero(diverging.reshape(len(diverging), -1).any(-1)
                                     ).flatten().tolist()
-        out = {"divergences": divergences, "sample_stats": stats, "num_sg_steps": self._t}
+        out = {"divergences": divergences, "sample_stats": stats, "num_sg_steps": self.num_steps}
         if self.recorder.released:
             # the statistics are in the draw store; holding them here would make the memory
             # of a streamed run grow with its draws again
@@ -668,9 +676,9 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
         callbacks, self._end_of_run_callbacks = self._end_of_run_callbacks, []
         try:
             self.warmup.warn_at_end()
-            self._rng_at_end = (self._t, pyro.util.get_rng_state())
+            self._rng_at_end = (self.num_steps, pyro.util.get_rng_state())
             if self.chain_streams is not None:
-                self._chain_rng_at_end = (self._t, self.chain_streams.get_state())
+                self._chain_rng_at_end = (self.num_steps, self.chain_streams.get_state())
             stats = self.recorder.tensors(["diverging", "grad_norm"])
             if "diverging" not in stats or not len(stats["diverging"]):
                 return
@@ -707,26 +715,39 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
 
     @property
     def base_step_size(self) -> float | None:
-        """``step_size``, or the one warmup chose when it was omitted."""
-        return self.step_size if self.step_size is not None else self.warmup.step_size
+        """The step size in force before any schedule, from its one source: ``step_size``
+        when given, else the one warmup chose (``None`` until it chooses), else the kernel's
+        own rule's (:meth:`rule_step_size`). None of them is written over by another."""
+        if self.step_size is not None:
+            return self.step_size
+        if self.has_step_size_rule and not self.adapts:
+            return self.rule_step_size()
+        return self.warmup.step_size
+
+    def rule_step_size(self) -> float:
+        """The step size of the kernel's own rule when ``step_size`` is omitted (a kernel with
+        ``has_step_size_rule = True`` states it)."""
+        raise NotImplementedError(f"{type(self).__name__} declares has_step_size_rule but not "
+                                  "its rule_step_size()")
 
     def current_step_size(self) -> float:
         """The step size of the next SG step."""
         if self.step_size_schedule is None:
             return self.base_step_size
-        eps = self.step_size_schedule(self._t)
+        t = self.num_steps
+        eps = self.step_size_schedule(t)
         if not (isinstance(eps, int | float) or torch.is_tensor(eps)) or not (
             math.isfinite(float(eps)) and float(eps) > 0
         ):
             raise ValueError(
-                f"step_size_schedule({self._t}) returned {eps!r}; it must return a finite "
+                f"step_size_schedule({t}) returned {eps!r}; it must return a finite "
                 "number in (0, inf)"
             )
         eps = float(eps)
         try:
             self.check_step_size(eps)
         except ValueError as e:
-            raise ValueError(f"step_size_schedule({self._t}) returned {eps!r}: {e}") from None
+            raise ValueError(f"step_size_schedule({t}) returned {eps!r}: {e}") from None
         return eps
 
     def _sg_step(self) -> None:
@@ -759,7 +780,7 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
                 raise RuntimeError(self._divergence(u, estimate.grad))
             self._z.copy_(self._z_finite)
             self.state.reset_()
-        self._t += 1
+        self.state.num_steps += 1
         self._last = (u, gnorm, eps)
         self._step_energy = estimate.energy
 
@@ -815,7 +836,7 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
             for f in state.fields:
                 if f.reset:
                     getattr(state, f.name)[bad] = 0
-        self._t += 1
+        self.state.num_steps += 1
         self._last = (float(estimate.energy.mean()), float(gnorm.mean()), eps)
         self._step_energy = estimate.energy
 
@@ -881,7 +902,7 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
         the row of vectorised chains)."""
         row = (lambda x: x) if chain is None else (lambda x: int(x[chain]))
         return divergence_message(
-            self.layout, self._z if chain is None else self._z[chain], grad, u, self._t,
+            self.layout, self._z if chain is None else self._z[chain], grad, u, self.num_steps,
             row(self._num_recent_nonfinite), len(self._recent_nonfinite), row(self._nonfinite),
             chain, self.vectorized_chains)
 

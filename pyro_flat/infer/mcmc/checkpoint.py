@@ -117,8 +117,7 @@ class Checkpoints:
             raise ValueError(f"the checkpoint holds parameters of shape {tuple(z.shape)}; this "
                              f"kernel's are {expected} (vectorized_chains="
                              f"{self.vectorized_chains})")
-        self._t = int(state["num_sg_steps"])
-        self.state = KernelState.create(z, self.state_fields)
+        self.state = KernelState.create(z, self.state_fields(), int(state["num_sg_steps"]))
         self.state.load(state["kernel_state"])
         if self.minibatches is not None and state["minibatch"] is not None:
             self.minibatches.load_state_dict(state["minibatch"])

@@ -297,7 +297,7 @@ class ContourSGLD(SGMCMCKernel):
     stat_dtypes = {**SGMCMCKernel.stat_dtypes, "energy_bin": torch.long}
     stat_defaults = {"energy_bin": -1}
 
-    def _state_fields(self) -> tuple[StateField, ...]:
+    def state_fields(self) -> tuple[StateField, ...]:
         """The chain's state: the learned energy PDF ``g`` (``energy_pdf``), the SA step count,
         the bins (placed at the end of warmup with ``auto_bins``), the warmup energies that
         place them, and the count of steps ``bounds`` rejected. With vectorised chains ``g``
@@ -328,10 +328,6 @@ class ContourSGLD(SGMCMCKernel):
             fields.append(StateField("before", "the position before a step that bounds may "
                                      "reject", init="scratch"))
         return tuple(fields)
-
-    @property
-    def state_fields(self) -> tuple[StateField, ...]:  # type: ignore[override]
-        return self._state_fields()
 
     def _initial_energy_pdf(self, state: KernelState) -> torch.Tensor:
         self._check_start(state.position)

@@ -159,13 +159,16 @@ class EntropyMCMC(SGMCMCKernel):
         super().__init__(model, step_size, **kwargs)
         self.eta = validation.positive("eta", eta)
         self.dynamics, self.friction = dyn.resolve_dynamics("EntropyMCMC", dynamics, friction)
-        self.state_fields = ((GUIDE, NOISE) if self.dynamics == "langevin" else
-                             (GUIDE, MOMENTUM, GUIDE_MOMENTUM, GUIDE_GRAD, THETA_GRAD, NOISE))
         self.mass = validation.positive("mass", mass)
         self.tempered_coupling = bool(tempered_coupling)
         self.coupling = bool(coupling)
         if self.step_size is not None:
             self.check_step_size(self.step_size)
+
+    def state_fields(self) -> tuple[StateField, ...]:
+        if self.dynamics == "langevin":
+            return (GUIDE, NOISE)
+        return (GUIDE, MOMENTUM, GUIDE_MOMENTUM, GUIDE_GRAD, THETA_GRAD, NOISE)
 
     def momentum_friction(self) -> float | None:
         return self.friction if self.dynamics == "underdamped" else None

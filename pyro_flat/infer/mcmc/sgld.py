@@ -56,7 +56,9 @@ class SGLD(SGMCMCKernel):
     dynamics. ICML.
     """
 
-    state_fields = (NOISE,)
+    def state_fields(self) -> tuple[StateField, ...]:
+        return (NOISE,)
+
     supports_adaptation = True
     supports_preconditioner = True
 
@@ -201,7 +203,9 @@ class SGHMC(SGMCMCKernel):
         n = validation.integer_at_least("num_data", num_data, 1)
         return cls(model, 1.0, friction=(1 - momentum) * n / lr, mass=n / lr, **kwargs)
 
-    state_fields = (MOMENTUM, NOISE)
+    def state_fields(self) -> tuple[StateField, ...]:
+        return (MOMENTUM, NOISE)
+
 
     def update(self, state: KernelState, estimate: Estimate, step_size: float) -> None:
         if self._correction is None:

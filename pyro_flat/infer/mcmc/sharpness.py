@@ -13,7 +13,7 @@ from pyro_flat.infer.mcmc.base import SGMCMCKernel
 from pyro_flat.infer.mcmc.estimators import Estimate, SharpnessAwareGradient
 from pyro_flat.infer.mcmc.integrators import langevin_step_, underdamped_step_
 from pyro_flat.infer.mcmc.sgld import MOMENTUM, NOISE
-from pyro_flat.infer.mcmc.state import KernelState
+from pyro_flat.infer.mcmc.state import KernelState, StateField
 from pyro_flat.models.batchnorm import find_batchnorm
 from pyro_flat.optim.ascent import ASAM_OFFSET
 
@@ -152,7 +152,9 @@ class SASGLD(SGMCMCKernel):
                     f"batchnorm_modules must hold BatchNorm modules, got {type(m).__name__}"
                 )
         self.estimator = SharpnessAwareGradient(self.rho, self.geometry)
-        self.state_fields = (MOMENTUM, NOISE) if self.dynamics == "underdamped" else (NOISE,)
+
+    def state_fields(self) -> tuple[StateField, ...]:
+        return (MOMENTUM, NOISE) if self.dynamics == "underdamped" else (NOISE,)
 
     def momentum_friction(self) -> float | None:
         return self.friction if self.dynamics == "underdamped" else None

@@ -91,25 +91,31 @@ class StateField:
 
 
 class KernelState:
-    """The position (a flat tensor) and the declared fields, as attributes.
+    """The position (a flat tensor), the SG steps taken (``num_steps``) and the declared
+    fields, as attributes.
 
     Build it with :meth:`create`; the base class keeps one per chain block and hands it to the
     kernel's ``update``.
     """
 
-    def __init__(self, position: torch.Tensor, fields: tuple[StateField, ...]):
+    def __init__(self, position: torch.Tensor, fields: tuple[StateField, ...],
+                 num_steps: int = 0):
         self.position = position
         self.fields = tuple(fields)
+        #: The SG steps the chain has taken (a step counts whether it moved or fell back).
+        self.num_steps = num_steps
 
     @classmethod
-    def create(cls, position: torch.Tensor, fields: Iterable[StateField]) -> KernelState:
+    def create(cls, position: torch.Tensor, fields: Iterable[StateField], num_steps: int = 0
+               ) -> KernelState:
         fields = tuple(fields)
         names = [f.name for f in fields]
-        clash = {n for n in names if names.count(n) > 1} | ({"position", "fields"} & set(names))
+        reserved = {"position", "fields", "num_steps"}
+        clash = {n for n in names if names.count(n) > 1} | (reserved & set(names))
         if clash:
-            raise ValueError(f"state field names must be unique and not 'position' or "
-                             f"'fields', got {sorted(clash)}")
-        state = cls(position, fields)
+            raise ValueError(f"state field names must be unique and not one of "
+                             f"{sorted(reserved)}, got {sorted(clash)}")
+        state = cls(position, fields, num_steps)
         for f in fields:
             setattr(state, f.name, f.initial_value(state))
         return state

@@ -49,7 +49,7 @@ def test_stats_and_diagnostics_follow_the_rule():
 
 def with_fresh_state(k: ContourSGLD) -> ContourSGLD:
     """The kernel with the state a run starts from, without a model run."""
-    k.state = KernelState.create(torch.zeros(1), k.state_fields)
+    k.state = KernelState.create(torch.zeros(1), k.state_fields())
     return k
 
 

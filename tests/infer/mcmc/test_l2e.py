@@ -188,7 +188,8 @@ def test_default_step_size_uses_the_models_n_and_is_deterministic():
     x, y = regression_data()
     runs = [harness.run(L2E(regression_model, meta_params=random_net(),
                             num_steps_per_sample=4), 10, 5, 7, x, y) for _ in range(2)]
-    assert runs[0].kernel.step_size == pytest.approx(math.sqrt(2.0 / 200))
+    assert runs[0].kernel.base_step_size == pytest.approx(math.sqrt(2.0 / 200))
+    assert runs[0].kernel.step_size is None  # the rule is in force; nothing wrote over it
     assert runs[0].kernel.data_size == 200
     for site in ("w", "b"):
         assert torch.equal(runs[0].get_samples()[site], runs[1].get_samples()[site])

@@ -107,7 +107,7 @@ class L2E(SGMCMCKernel):
     >>> mcmc.run(x, y)
     >>> mcmc.get_samples()["w"].shape
     torch.Size([20, 2])
-    >>> round(kernel.step_size, 4)  # sqrt(2 / 500)
+    >>> round(kernel.base_step_size, 4)  # its rule's sqrt(2 / 500): step_size was omitted
     0.0632
 
     References
@@ -120,6 +120,7 @@ class L2E(SGMCMCKernel):
     #: its learned kinetic energy is not written for a metric.
     supports_adaptation = False  # its meta-learned step sqrt(2 / N) is part of the rule
     supports_preconditioner = False
+    has_step_size_rule = True
 
     def __init__(
         self,
@@ -133,10 +134,7 @@ class L2E(SGMCMCKernel):
         kinetic_energy: str = "learned",
         **kwargs: Any,
     ):
-        self._auto_step_size = step_size is None and kwargs.get("step_size_schedule") is None
-        super().__init__(model, 1.0 if self._auto_step_size else step_size, **kwargs)
-        if self._auto_step_size:
-            self.step_size = None
+        super().__init__(model, step_size, **kwargs)
         self.step_mult = validation.positive("step_mult", step_mult)
         self.num_data = None if num_data is None else validation.integer_at_least(
             "num_data", num_data, 1)
@@ -157,6 +155,11 @@ class L2E(SGMCMCKernel):
         return {"step_size": eps,
                 "temperature": validation.nonnegative("noise_mult", noise_mult) / eps}
 
+    def rule_step_size(self) -> float:
+        """The authors' step :math:`\\sqrt{\\text{step\\_mult} / N}`, in force when
+        ``step_size`` is omitted."""
+        return math.sqrt(self.step_mult / self._data_size(strict=True))
+
     def _data_size(self, strict: bool = False) -> int:
         if self.num_data is not None:
             return self.num_data
@@ -172,8 +175,7 @@ class L2E(SGMCMCKernel):
 
     # ------------------------------------------------------------------ kernel state
 
-    @property
-    def state_fields(self) -> tuple[StateField, ...]:  # type: ignore[override]
+    def state_fields(self) -> tuple[StateField, ...]:
         """The per-element state: the momentum ``r`` and the six gradient moving averages
         ``m_d``, zero at the start and after a non-finite step. Both live in the features
         buffer (:class:`~pyro_flat.infer.mcmc.l2e.meta_net.L2EState`) the meta-network reads."""
@@ -200,8 +202,8 @@ class L2E(SGMCMCKernel):
         super().setup(warmup_steps, *args, **kwargs)
         #: ``N``, the data size the meta-network's features are scaled by (1 when unknown).
         self.data_size = self._data_size()
-        if self._auto_step_size:
-            self.step_size = math.sqrt(self.step_mult / self._data_size(strict=True))
+        if self.step_size is None and self.step_size_schedule is None:
+            self.rule_step_size()  # N is known now: say so at the start if it is not
         if self.kinetic_energy == "standard":
             self._kinetic: StandardKinetic | LearnedKinetic = StandardKinetic()
         else:
