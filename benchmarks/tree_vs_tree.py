@@ -35,9 +35,13 @@ WORKLOAD = r"""
 import sys, time, torch, pyro
 from pyro.infer import MCMC
 torch.set_num_threads(1)
-from pyro_flat.models.bnn import BNN
 from pyro_flat.infer import SGLD
-from pyro_flat.models.likelihoods import Categorical, HomoskedasticGaussian
+try:  # the layout of either tree: pyro_flat.models since issue 33's grouping, top level before
+    from pyro_flat.models.bnn import BNN
+    from pyro_flat.models.likelihoods import Categorical, HomoskedasticGaussian
+except ImportError:
+    from pyro_flat.bnn import BNN
+    from pyro_flat.likelihoods import Categorical, HomoskedasticGaussian
 name, steps = sys.argv[1], int(sys.argv[2])
 pyro.set_rng_seed(0)
 if name == "mlp":

@@ -33,6 +33,7 @@ __all__ = [
     "accuracy",
     "agreement",
     "brier",
+    "checked_probs_and_labels",
     "ece",
     "mutual_information",
     "nll",
@@ -98,14 +99,25 @@ def _as_labels(y: torch.Tensor, num_data: int, num_classes: int, name: str = "y"
     return y
 
 
-def _probs_and_labels(probs: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def checked_probs_and_labels(probs: torch.Tensor, y: torch.Tensor
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``probs`` and ``y`` as every metric here takes them: float64 probabilities on the CPU
+    (a ``(num_data, num_classes)`` simplex) and int64 labels in ``[0, num_classes)``, or a
+    ``ValueError`` naming the argument and what it must be.
+
+    Examples
+    --------
+    >>> p, y = checked_probs_and_labels(torch.tensor([[0.2, 0.8]]), torch.tensor([1]))
+    >>> p.dtype, y.tolist()
+    (torch.float64, [1])
+    """
     p = _as_probs(probs)
     return p, _as_labels(y, p.shape[0], p.shape[1])
 
 
 def accuracy(probs: torch.Tensor, y: torch.Tensor) -> float:
     """Share of examples whose most probable class (``argmax``, first on ties) is ``y``."""
-    p, y = _probs_and_labels(probs, y)
+    p, y = checked_probs_and_labels(probs, y)
     return float((p.argmax(-1) == y).double().mean())
 
 
@@ -115,7 +127,7 @@ def nll(probs: torch.Tensor, y: torch.Tensor) -> float:
     ``epsilon`` is :data:`NLL_EPSILON`, so a confidently wrong prediction costs at most
     ``-log(1e-12) ≈ 27.6`` instead of infinity.
     """
-    p, y = _probs_and_labels(probs, y)
+    p, y = checked_probs_and_labels(probs, y)
     p_true = p.gather(1, y.unsqueeze(1)).squeeze(1)
     return float(-p_true.clamp_min(NLL_EPSILON).log().mean())
 
@@ -153,7 +165,7 @@ def ece(probs: torch.Tensor, y: torch.Tensor, num_bins: int = 15, binning: str =
     num_bins = validation.integer_at_least("num_bins", num_bins, 1)
     if binning not in ("width", "mass"):
         raise ValueError(f"binning must be 'width' or 'mass', got {binning!r}")
-    p, y = _probs_and_labels(probs, y)
+    p, y = checked_probs_and_labels(probs, y)
     conf, pred = p.max(-1)
     correct = (pred == y).double()
     n = conf.shape[0]
@@ -174,7 +186,7 @@ def ece(probs: torch.Tensor, y: torch.Tensor, num_bins: int = 15, binning: str =
 
 def brier(probs: torch.Tensor, y: torch.Tensor) -> float:
     r"""Multi-class Brier score :math:`\frac1n \sum_i \sum_c (p_{ic} - [y_i = c])^2`, in [0, 2]."""
-    p, y = _probs_and_labels(probs, y)
+    p, y = checked_probs_and_labels(probs, y)
     onehot = torch.nn.functional.one_hot(y, p.shape[1]).double()
     return float(((p - onehot) ** 2).sum(-1).mean())
 

@@ -37,7 +37,7 @@ def reliability_diagram(
     matplotlib.figure.Figure
     """
     num_bins = validation.integer_at_least("num_bins", num_bins, 1)
-    p, labels = classification._probs_and_labels(probs, y)
+    p, labels = classification.checked_probs_and_labels(probs, y)
     conf, pred = p.max(-1)
     correct = (pred == labels).double()
     edges = torch.arange(1, num_bins, dtype=torch.float64) / num_bins

@@ -368,9 +368,11 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
         r"""The per-coordinate :math:`\hat B` warmup chose (``None``: none chosen)."""
         return None
 
-    def load_noise_correction(self, friction: float, correction: torch.Tensor) -> None:
-        """Continue with the friction and noise correction a checkpoint's warmup chose."""
-        raise ValueError(f"{type(self).__name__} has no noise correction to load")
+    def load_noise_correction(self, friction: float, correction: torch.Tensor | None) -> None:
+        """Continue with the friction and noise correction a checkpoint's warmup chose (a
+        kernel whose warmup chooses neither keeps its own friction)."""
+        if correction is not None:
+            raise ValueError(f"{type(self).__name__} has no noise correction to load")
 
     def restore_friction(self) -> None:
         """Undo what an earlier estimate chose for the friction (SGHMC overrides)."""

@@ -12,6 +12,7 @@ from pyro_flat import validation
 from pyro_flat.infer.mcmc import dynamics as dyn
 from pyro_flat.infer.mcmc.base import SGMCMCKernel
 from pyro_flat.infer.mcmc.estimators import Estimate
+from pyro_flat.infer.mcmc.friction import NoiseCorrection
 from pyro_flat.infer.mcmc.integrators import langevin_step_, underdamped_step_
 from pyro_flat.infer.mcmc.noise import PrefetchedNormal
 from pyro_flat.infer.mcmc.sgld import MOMENTUM, NOISE
@@ -159,6 +160,9 @@ class EntropyMCMC(SGMCMCKernel):
         super().__init__(model, step_size, **kwargs)
         self.eta = validation.positive("eta", eta)
         self.dynamics, self.friction = dyn.resolve_dynamics("EntropyMCMC", dynamics, friction)
+        #: The friction and per-coordinate :math:`\\hat B` warmup chooses for the underdamped
+        #: form on a minibatched model.
+        self.noise_fit = NoiseCorrection(self.friction)
         self.mass = validation.positive("mass", mass)
         self.tempered_coupling = bool(tempered_coupling)
         self.coupling = bool(coupling)
@@ -169,6 +173,33 @@ class EntropyMCMC(SGMCMCKernel):
         if self.dynamics == "langevin":
             return (GUIDE, NOISE)
         return (GUIDE, MOMENTUM, GUIDE_MOMENTUM, GUIDE_GRAD, THETA_GRAD, NOISE)
+
+    @property
+    def noise_fit_from(self) -> float:  # type: ignore[override]
+        return dyn.noise_fit_from(self.dynamics)
+
+    def fit_gradient_noise(self, step_size: float, curvature: float,
+                           variance: torch.Tensor) -> float:
+        """The Langevin form shrinks the step; the underdamped form corrects the noise and
+        raises the friction, as SGHMC (:class:`~pyro_flat.infer.mcmc.friction.NoiseCorrection`).
+        """
+        if self.dynamics == "langevin":
+            return super().fit_gradient_noise(step_size, curvature, variance)
+        return self.noise_fit.fit(self, curvature, variance)
+
+    def noise_correction(self) -> float | torch.Tensor:
+        correction = self.noise_fit.correction
+        return 0.0 if correction is None else correction
+
+    def chosen_noise_correction(self) -> torch.Tensor | None:
+        return self.noise_fit.correction
+
+    def restore_friction(self) -> None:
+        self.friction = self.noise_fit.restore()
+
+    def load_noise_correction(self, friction: float, correction: torch.Tensor | None) -> None:
+        self.friction = friction
+        self.noise_fit.load(friction, correction)
 
     def momentum_friction(self) -> float | None:
         return self.friction if self.dynamics == "underdamped" else None
@@ -248,9 +279,14 @@ class EntropyMCMC(SGMCMCKernel):
             grad = torch.sub(grad, guide_grad, alpha=k, out=state.theta_grad)
             guide_grad.mul_(k)
             c, m = self.friction, self.mass
-            underdamped_step_(z, state.momentum, grad, step_size, c, m, t, state.noise)
+            # the minibatch noise enters theta's momentum only (theta_a's force is exact)
+            underdamped_step_(z, state.momentum, grad, step_size, c, m, t, state.noise,
+                              noise_scale=self.noise_fit.noise_scale(c, step_size, t))
+            # theta_a's force has no minibatch noise: its momentum keeps the given friction
+            # (a friction warmup raised for theta's noise would all but freeze theta_a)
             underdamped_step_(guide, state.guide_momentum, guide_grad, step_size,
-                              c, m, t, self._next_guide_noise(), draw_noise=False)
+                              self.noise_fit.given_friction, m, t, self._next_guide_noise(),
+                              draw_noise=False)
 
     def draw_statistics(self) -> dict[str, Any]:
         distance = torch.linalg.vector_norm(self.position - self.state.guide, dim=-1)

@@ -9,9 +9,10 @@ from typing import Any
 import torch
 
 from pyro_flat import validation
-from pyro_flat.infer.mcmc import adaptation, gradient_noise
+from pyro_flat.infer.mcmc import adaptation
 from pyro_flat.infer.mcmc.base import SGMCMCKernel
 from pyro_flat.infer.mcmc.estimators import Estimate
+from pyro_flat.infer.mcmc.friction import NoiseCorrection
 from pyro_flat.infer.mcmc.integrators import langevin_step_, underdamped_step_
 from pyro_flat.infer.mcmc.state import KernelState, StateField
 
@@ -139,10 +140,8 @@ class SGHMC(SGMCMCKernel):
         self.noise_estimate = validation.in_range(
             "noise_estimate", noise_estimate, 0.0, self.friction
         )
-        self._given_friction = self.friction
-        #: Per-coordinate :math:`\hat B` chosen in warmup on a minibatched model (else None).
-        self._correction: torch.Tensor | None = None
-        self._correction_scale: tuple[float, torch.Tensor] | None = None
+        #: The friction and per-coordinate :math:`\hat B` warmup chooses on a minibatched model.
+        self.noise_fit = NoiseCorrection(self.friction)
         if self.step_size is not None:
             self.check_step_size(self.step_size)
 
@@ -150,39 +149,28 @@ class SGHMC(SGMCMCKernel):
         return self.friction
 
     def noise_correction(self) -> float | torch.Tensor:
-        return self.noise_estimate if self._correction is None else self._correction
+        correction = self.noise_fit.correction
+        return self.noise_estimate if correction is None else correction
 
     def restore_friction(self) -> None:
-        self.friction, self._correction, self._correction_scale = self._given_friction, None, None
+        self.friction = self.noise_fit.restore()
 
     def chosen_noise_correction(self) -> torch.Tensor | None:
-        return self._correction
+        return self.noise_fit.correction
 
-    def load_noise_correction(self, friction: float, correction: torch.Tensor) -> None:
-        self.friction, self._correction = friction, correction
+    def load_noise_correction(self, friction: float, correction: torch.Tensor | None) -> None:
+        self.friction = friction
+        self.noise_fit.load(friction, correction)
 
     def fit_gradient_noise(self, step_size: float, curvature: float,
                            variance: torch.Tensor) -> float:
         r"""With the measured minibatch gradient variance :math:`v`, the per-coordinate noise
         correction :math:`\hat B_i = \epsilon P_i v_i / (2T)` (Chen et al. 2014), and a
-        friction raised to :math:`2\max_i \hat B_i` where the given one is below it (the
-        step then follows the stability rule at that friction): the momentum receives
-        :math:`2 C \epsilon T` of noise in all, as the target needs."""
-        def step_for(friction: float) -> float:
-            return self.stability_fraction * adaptation.underdamped_limit(
-                curvature, friction, self.mass)
-
-        inverse_mass = None if self.metric is None else self.metric.inverse_mass
-        self.friction, step, self._correction = gradient_noise.corrected_friction(
-            variance, self.temperature, self._given_friction, step_for, inverse_mass)
-        return step
-
-    def _noise_scale(self, step_size: float) -> torch.Tensor:
-        r""":math:`\sqrt{2 (C - \hat B) \epsilon T}` per coordinate, kept for the step size."""
-        if self._correction_scale is None or self._correction_scale[0] != step_size:
-            variance = 2.0 * (self.friction - self._correction) * step_size * self.temperature
-            self._correction_scale = (step_size, variance.clamp(min=0.0).sqrt())
-        return self._correction_scale[1]
+        friction raised where the given one is below :math:`2\max_i \hat B_i` (the step then
+        follows the stability rule at that friction): the momentum receives
+        :math:`2 C \epsilon T` of noise in all, as the target needs
+        (:class:`~pyro_flat.infer.mcmc.friction.NoiseCorrection`)."""
+        return self.noise_fit.fit(self, curvature, variance)
 
     def stability_limit(self, curvature: float) -> float:
         return adaptation.underdamped_limit(curvature, self.friction, self.mass)
@@ -208,18 +196,13 @@ class SGHMC(SGMCMCKernel):
 
 
     def update(self, state: KernelState, estimate: Estimate, step_size: float) -> None:
-        if self._correction is None:
-            underdamped_step_(
-                state.position, state.momentum, estimate.step_grad, step_size, self.friction,
-                self.mass, self.temperature, state.noise, self.noise_estimate,
-                metric=self.metric,
-            )
-        else:
-            underdamped_step_(
-                state.position, state.momentum, estimate.step_grad, step_size, self.friction,
-                self.mass, self.temperature, state.noise, metric=self.metric,
-                noise_scale=self._noise_scale(step_size),
-            )
+        scale = self.noise_fit.noise_scale(self.friction, step_size, self.temperature)
+        underdamped_step_(
+            state.position, state.momentum, estimate.step_grad, step_size, self.friction,
+            self.mass, self.temperature, state.noise,
+            self.noise_estimate if scale is None else 0.0, metric=self.metric,
+            noise_scale=scale,
+        )
 
 
 class CyclicalSGLD(SGLD):

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import torch
 from torch import nn
 
 from pyro_flat import validation
 from pyro_flat.infer.mcmc import dynamics as dyn
 from pyro_flat.infer.mcmc.base import SGMCMCKernel
 from pyro_flat.infer.mcmc.estimators import Estimate, SharpnessAwareGradient
+from pyro_flat.infer.mcmc.friction import NoiseCorrection
 from pyro_flat.infer.mcmc.integrators import langevin_step_, underdamped_step_
 from pyro_flat.infer.mcmc.sgld import MOMENTUM, NOISE
 from pyro_flat.infer.mcmc.state import KernelState, StateField
@@ -142,6 +144,9 @@ class SASGLD(SGMCMCKernel):
         self.rho = validation.nonnegative("rho", rho)
         self.geometry = bool(geometry)
         self.dynamics, self.friction = dyn.resolve_dynamics("SASGLD", dynamics, friction)
+        #: The friction and per-coordinate :math:`\\hat B` warmup chooses for the underdamped
+        #: form on a minibatched model.
+        self.noise_fit = NoiseCorrection(self.friction)
         self.mass = validation.positive("mass", mass)
         if self.step_size is not None:
             self.check_step_size(self.step_size)
@@ -155,6 +160,33 @@ class SASGLD(SGMCMCKernel):
 
     def state_fields(self) -> tuple[StateField, ...]:
         return (MOMENTUM, NOISE) if self.dynamics == "underdamped" else (NOISE,)
+
+    @property
+    def noise_fit_from(self) -> float:  # type: ignore[override]
+        return dyn.noise_fit_from(self.dynamics)
+
+    def fit_gradient_noise(self, step_size: float, curvature: float,
+                           variance: torch.Tensor) -> float:
+        """The Langevin form shrinks the step; the underdamped form corrects the noise and
+        raises the friction, as SGHMC (:class:`~pyro_flat.infer.mcmc.friction.NoiseCorrection`).
+        """
+        if self.dynamics == "langevin":
+            return super().fit_gradient_noise(step_size, curvature, variance)
+        return self.noise_fit.fit(self, curvature, variance)
+
+    def noise_correction(self) -> float | torch.Tensor:
+        correction = self.noise_fit.correction
+        return 0.0 if correction is None else correction
+
+    def chosen_noise_correction(self) -> torch.Tensor | None:
+        return self.noise_fit.correction
+
+    def restore_friction(self) -> None:
+        self.friction = self.noise_fit.restore()
+
+    def load_noise_correction(self, friction: float, correction: torch.Tensor | None) -> None:
+        self.friction = friction
+        self.noise_fit.load(friction, correction)
 
     def momentum_friction(self) -> float | None:
         return self.friction if self.dynamics == "underdamped" else None
@@ -178,4 +210,6 @@ class SASGLD(SGMCMCKernel):
                            state.noise)
         else:
             underdamped_step_(state.position, state.momentum, estimate.step_grad, step_size,
-                              self.friction, self.mass, self.temperature, state.noise)
+                              self.friction, self.mass, self.temperature, state.noise,
+                              noise_scale=self.noise_fit.noise_scale(self.friction, step_size,
+                                                                      self.temperature))

@@ -435,5 +435,7 @@ class Warmup:
         self.log = [dict(r) for r in state["log"]]
         self.steps_per_sample = state.get("num_steps_per_sample")
         self.noise_log = [dict(r) for r in state.get("gradient_noise", [])]
-        if state.get("noise_correction") is not None:
-            k.load_noise_correction(state["friction"], state["noise_correction"].clone())
+        correction = state.get("noise_correction")
+        if state.get("friction") is not None:  # underdamped: the friction warmup chose
+            k.load_noise_correction(state["friction"],
+                                    None if correction is None else correction.clone())

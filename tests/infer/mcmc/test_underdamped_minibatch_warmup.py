@@ -1,16 +1,21 @@
-"""Adapted SGHMC on a user's minibatched model: the noise correction from warmup's start, at the
-smallest friction that holds it.
+"""Adapted underdamped kernels on a user's minibatched model: the noise correction from warmup's
+start, at the smallest friction that holds it (SGHMC, and the underdamped forms of SASGLD and
+EntropyMCMC).
 
 The model is a conjugate Bayesian linear regression written as a Pyro user writes it (a
 ``pyro.plate`` with ``subsample_size=10`` of ``N = 500`` points), so its posterior is exact.
 Ten of 500 points give a minibatch gradient noise tens of thousands of times the injected
-noise at SGHMC's default friction. Two faults made the default ``SGHMC(model)`` fail here:
+noise at the default friction. Three faults made the default ``SGHMC(model)``, and the
+underdamped SASGLD and EntropyMCMC, fail here:
 
 * the noise correction waited for the second half of warmup, and the chain, many thousand
   times too hot, left for regions where its step diverged (a ``RuntimeError``);
 * the friction that holds the correction was found by an iteration that overshot (about 40
   times the smallest one here), which damped the chain to a standstill (posterior means off by
-  tens of posterior sds, sds a tenth of the posterior's).
+  tens of posterior sds, sds a tenth of the posterior's);
+* the underdamped SASGLD and EntropyMCMC had no correction: their chains, as hot, went off
+  by about 1e10 posterior sds in the first half of warmup, and the step that warmup then shrank
+  (to hold the noise at the given friction) kept them there, without an error.
 """
 
 import math
@@ -18,10 +23,11 @@ import warnings
 
 import pyro
 import pyro.distributions as dist
+import pytest
 import torch
 from harness import Z, moments_with_errors, sqrt_ratio_tolerance
 
-from pyro_flat.infer import SGHMC
+from pyro_flat.infer import SASGLD, SGHMC, EntropyMCMC
 from pyro_flat.infer.mcmc import adaptation, gradient_noise
 
 N, D, B, SIGMA = 500, 5, 10, 0.5
@@ -46,9 +52,20 @@ def exact_posterior(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, tor
     return cov @ (x.T @ y / SIGMA**2), cov.diagonal().sqrt()
 
 
-def test_adapted_sghmc_on_a_minibatched_regression_samples_the_exact_posterior():
+#: The kernels, adapted (no step size), underdamped. SASGLD's ``rho = 0`` takes the plain
+#: gradient, whose chain has the exact posterior; EntropyMCMC's theta has it as its marginal.
+KERNELS = {
+    "SGHMC": lambda **kw: SGHMC(model, **kw),
+    "SASGLD": lambda **kw: SASGLD(model, rho=0.0, dynamics="underdamped", **kw),
+    "EntropyMCMC": lambda **kw: EntropyMCMC(model, eta=0.05, dynamics="underdamped", **kw),
+}
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_adapted_underdamped_kernel_on_a_minibatched_regression_samples_the_exact_posterior(
+        name):
     x, y = data()
-    kernel = SGHMC(model, num_steps_per_sample=20, vectorized_chains=8)
+    kernel = KERNELS[name](num_steps_per_sample=20, vectorized_chains=8)
     pyro.set_rng_seed(0)
     mcmc = pyro.infer.MCMC(kernel, num_samples=100, warmup_steps=200, disable_progbar=True)
     with warnings.catch_warnings():
