@@ -68,7 +68,8 @@ ESTIMATE_AT = (0.0, 0.25, 0.5, 0.75)
 #: From this fraction of warmup on, a Langevin step also keeps the minibatch gradient noise
 #: small beside the injected noise (:mod:`pyro_flat.infer.mcmc.gradient_noise`); before it,
 #: while the chain travels from its start to the typical set, only stability counts (a
-#: kernel's ``noise_fit_from``; SGHMC corrects the noise from the start).
+#: kernel's ``noise_fit_from``: kernels with a ``noise_fit``, the underdamped ones, correct
+#: the noise from the start).
 NOISE_FROM = 0.5
 #: Power iterations per estimate (:func:`pyro_flat.evaluation.flatness.hessian_top_eigenvalue`), at
 #: most; they stop early once the estimate changes by less than :data:`POWER_TOLERANCE` (relative).

@@ -37,6 +37,7 @@ from pyro_flat.infer.mcmc.chains import ChainStreams, VectorizedPotential
 from pyro_flat.infer.mcmc.checkpoint import Checkpoints, state_fingerprint
 from pyro_flat.infer.mcmc.divergence import divergence_message, warn_if_blown_up
 from pyro_flat.infer.mcmc.estimators import Estimate, MinibatchGradient
+from pyro_flat.infer.mcmc.friction import NoiseCorrection
 from pyro_flat.infer.mcmc.recorder import DrawRecorder
 from pyro_flat.infer.mcmc.state import KernelState, StateField
 from pyro_flat.infer.mcmc.warmup import Warmup
@@ -330,17 +331,28 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
     #: Whether a run warns when the excess temperature is above the bound (a kernel whose
     #: dynamics were fitted to minibatch noise, as L2E's meta-learned ones, reports it only).
     warns_on_gradient_noise: bool = True
-    #: The fraction of warmup from which the adapted step also accounts for the minibatch
-    #: gradient noise (:meth:`fit_gradient_noise`); before it only stability counts.
-    noise_fit_from: float = adaptation.NOISE_FROM
+    #: The noise correction of an underdamped update that has one (SGHMC, and SASGLD and
+    #: EntropyMCMC with ``dynamics="underdamped"``); ``None``: warmup shrinks the step instead.
+    noise_fit: NoiseCorrection | None = None
+
+    @property
+    def noise_fit_from(self) -> float:
+        """The fraction of warmup from which the adapted step also accounts for the minibatch
+        gradient noise (:meth:`fit_gradient_noise`); before it only stability counts. A kernel
+        with a ``noise_fit`` corrects from the start: its momentum would keep the noise's heat."""
+        return 0.0 if self.noise_fit is not None else adaptation.NOISE_FROM
 
     def fit_gradient_noise(self, step_size: float, curvature: float,
                            variance: torch.Tensor) -> float:
-        r"""The adapted step size given the measured minibatch gradient ``variance``: at most
+        r"""The adapted step size given the measured minibatch gradient ``variance``. With a
+        ``noise_fit``, the friction and per-coordinate correction it chooses, and the step of
+        the stability rule at that friction
+        (:meth:`~pyro_flat.infer.mcmc.friction.NoiseCorrection.fit`). Otherwise at most
         ``step_size`` (the stability rule's), and small enough that the minibatch noise is at
         most :data:`~pyro_flat.infer.mcmc.gradient_noise.TARGET_RATIO` of the injected noise
-        in every coordinate (the ratio is linear in the step). SGHMC overrides it to choose
-        its noise correction and friction instead."""
+        in every coordinate (the ratio is linear in the step)."""
+        if self.noise_fit is not None:
+            return self.noise_fit.fit(self, curvature, variance)
         ratio = float(self.gradient_noise_terms(variance, step_size)[0].max())
         if ratio > gradient_noise.TARGET_RATIO:
             return step_size * gradient_noise.TARGET_RATIO / ratio
@@ -362,20 +374,27 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
 
     def noise_correction(self) -> float | torch.Tensor:
         r"""The update's gradient-noise correction :math:`\hat B` (0: none)."""
-        return 0.0
+        correction = self.chosen_noise_correction()
+        return 0.0 if correction is None else correction
 
     def chosen_noise_correction(self) -> torch.Tensor | None:
         r"""The per-coordinate :math:`\hat B` warmup chose (``None``: none chosen)."""
-        return None
+        return None if self.noise_fit is None else self.noise_fit.correction
 
     def load_noise_correction(self, friction: float, correction: torch.Tensor | None) -> None:
         """Continue with the friction and noise correction a checkpoint's warmup chose (a
-        kernel whose warmup chooses neither keeps its own friction)."""
-        if correction is not None:
-            raise ValueError(f"{type(self).__name__} has no noise correction to load")
+        kernel without a ``noise_fit`` keeps its own friction)."""
+        if self.noise_fit is None:
+            if correction is not None:
+                raise ValueError(f"{type(self).__name__} has no noise correction to load")
+            return
+        self.friction = friction
+        self.noise_fit.load(friction, correction)
 
     def restore_friction(self) -> None:
-        """Undo what an earlier estimate chose for the friction (SGHMC overrides)."""
+        """Undo what an earlier estimate chose for the friction."""
+        if self.noise_fit is not None:
+            self.friction = self.noise_fit.restore()
 
     def steps_for_next_draw(self) -> int:
         """How many SG steps the next call of ``sample`` runs."""

@@ -47,11 +47,3 @@ def stability_limit(dynamics: str, curvature: float, friction: float, mass: floa
         return adaptation.langevin_limit(curvature)
     return adaptation.underdamped_limit(curvature, friction, mass)
 
-
-def noise_fit_from(dynamics: str) -> float:
-    """The fraction of warmup from which the adapted step accounts for the minibatch noise:
-    from the start for the underdamped form, whose momentum would keep the noise's heat (it
-    corrects the noise, :class:`~pyro_flat.infer.mcmc.friction.NoiseCorrection`), from
-    :data:`~pyro_flat.infer.mcmc.adaptation.NOISE_FROM` for the Langevin form."""
-    return 0.0 if dynamics == "underdamped" else adaptation.NOISE_FROM
-

@@ -160,9 +160,10 @@ class EntropyMCMC(SGMCMCKernel):
         super().__init__(model, step_size, **kwargs)
         self.eta = validation.positive("eta", eta)
         self.dynamics, self.friction = dyn.resolve_dynamics("EntropyMCMC", dynamics, friction)
-        #: The friction and per-coordinate :math:`\\hat B` warmup chooses for the underdamped
-        #: form on a minibatched model.
-        self.noise_fit = NoiseCorrection(self.friction)
+        #: The friction and per-coordinate :math:`\hat B` warmup chooses for the underdamped
+        #: form on a minibatched model (the Langevin form shrinks the step instead).
+        self.noise_fit = (NoiseCorrection(self.friction) if self.dynamics == "underdamped"
+                          else None)
         self.mass = validation.positive("mass", mass)
         self.tempered_coupling = bool(tempered_coupling)
         self.coupling = bool(coupling)
@@ -173,33 +174,6 @@ class EntropyMCMC(SGMCMCKernel):
         if self.dynamics == "langevin":
             return (GUIDE, NOISE)
         return (GUIDE, MOMENTUM, GUIDE_MOMENTUM, GUIDE_GRAD, THETA_GRAD, NOISE)
-
-    @property
-    def noise_fit_from(self) -> float:  # type: ignore[override]
-        return dyn.noise_fit_from(self.dynamics)
-
-    def fit_gradient_noise(self, step_size: float, curvature: float,
-                           variance: torch.Tensor) -> float:
-        """The Langevin form shrinks the step; the underdamped form corrects the noise and
-        raises the friction, as SGHMC (:class:`~pyro_flat.infer.mcmc.friction.NoiseCorrection`).
-        """
-        if self.dynamics == "langevin":
-            return super().fit_gradient_noise(step_size, curvature, variance)
-        return self.noise_fit.fit(self, curvature, variance)
-
-    def noise_correction(self) -> float | torch.Tensor:
-        correction = self.noise_fit.correction
-        return 0.0 if correction is None else correction
-
-    def chosen_noise_correction(self) -> torch.Tensor | None:
-        return self.noise_fit.correction
-
-    def restore_friction(self) -> None:
-        self.friction = self.noise_fit.restore()
-
-    def load_noise_correction(self, friction: float, correction: torch.Tensor | None) -> None:
-        self.friction = friction
-        self.noise_fit.load(friction, correction)
 
     def momentum_friction(self) -> float | None:
         return self.friction if self.dynamics == "underdamped" else None

@@ -117,12 +117,6 @@ class SGHMC(SGMCMCKernel):
 
     supports_adaptation = True
     supports_preconditioner = True
-    #: The noise correction from warmup's first estimate: it keeps the chain at its
-    #: temperature by raising the friction, where a Langevin rule's fit would shrink the step
-    #: and slow the way from the start. Without it an underdamped chain at the default
-    #: friction runs many times too hot on minibatches and can reach regions whose curvature
-    #: its step cannot take.
-    noise_fit_from = 0.0
 
     def __init__(
         self,
@@ -151,26 +145,6 @@ class SGHMC(SGMCMCKernel):
     def noise_correction(self) -> float | torch.Tensor:
         correction = self.noise_fit.correction
         return self.noise_estimate if correction is None else correction
-
-    def restore_friction(self) -> None:
-        self.friction = self.noise_fit.restore()
-
-    def chosen_noise_correction(self) -> torch.Tensor | None:
-        return self.noise_fit.correction
-
-    def load_noise_correction(self, friction: float, correction: torch.Tensor | None) -> None:
-        self.friction = friction
-        self.noise_fit.load(friction, correction)
-
-    def fit_gradient_noise(self, step_size: float, curvature: float,
-                           variance: torch.Tensor) -> float:
-        r"""With the measured minibatch gradient variance :math:`v`, the per-coordinate noise
-        correction :math:`\hat B_i = \epsilon P_i v_i / (2T)` (Chen et al. 2014), and a
-        friction raised where the given one is below :math:`2\max_i \hat B_i` (the step then
-        follows the stability rule at that friction): the momentum receives
-        :math:`2 C \epsilon T` of noise in all, as the target needs
-        (:class:`~pyro_flat.infer.mcmc.friction.NoiseCorrection`)."""
-        return self.noise_fit.fit(self, curvature, variance)
 
     def stability_limit(self, curvature: float) -> float:
         return adaptation.underdamped_limit(curvature, self.friction, self.mass)

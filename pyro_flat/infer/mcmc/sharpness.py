@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import torch
 from torch import nn
 
 from pyro_flat import validation
@@ -144,9 +143,10 @@ class SASGLD(SGMCMCKernel):
         self.rho = validation.nonnegative("rho", rho)
         self.geometry = bool(geometry)
         self.dynamics, self.friction = dyn.resolve_dynamics("SASGLD", dynamics, friction)
-        #: The friction and per-coordinate :math:`\\hat B` warmup chooses for the underdamped
-        #: form on a minibatched model.
-        self.noise_fit = NoiseCorrection(self.friction)
+        #: The friction and per-coordinate :math:`\hat B` warmup chooses for the underdamped
+        #: form on a minibatched model (the Langevin form shrinks the step instead).
+        self.noise_fit = (NoiseCorrection(self.friction) if self.dynamics == "underdamped"
+                          else None)
         self.mass = validation.positive("mass", mass)
         if self.step_size is not None:
             self.check_step_size(self.step_size)
@@ -160,33 +160,6 @@ class SASGLD(SGMCMCKernel):
 
     def state_fields(self) -> tuple[StateField, ...]:
         return (MOMENTUM, NOISE) if self.dynamics == "underdamped" else (NOISE,)
-
-    @property
-    def noise_fit_from(self) -> float:  # type: ignore[override]
-        return dyn.noise_fit_from(self.dynamics)
-
-    def fit_gradient_noise(self, step_size: float, curvature: float,
-                           variance: torch.Tensor) -> float:
-        """The Langevin form shrinks the step; the underdamped form corrects the noise and
-        raises the friction, as SGHMC (:class:`~pyro_flat.infer.mcmc.friction.NoiseCorrection`).
-        """
-        if self.dynamics == "langevin":
-            return super().fit_gradient_noise(step_size, curvature, variance)
-        return self.noise_fit.fit(self, curvature, variance)
-
-    def noise_correction(self) -> float | torch.Tensor:
-        correction = self.noise_fit.correction
-        return 0.0 if correction is None else correction
-
-    def chosen_noise_correction(self) -> torch.Tensor | None:
-        return self.noise_fit.correction
-
-    def restore_friction(self) -> None:
-        self.friction = self.noise_fit.restore()
-
-    def load_noise_correction(self, friction: float, correction: torch.Tensor | None) -> None:
-        self.friction = friction
-        self.noise_fit.load(friction, correction)
 
     def momentum_friction(self) -> float | None:
         return self.friction if self.dynamics == "underdamped" else None

@@ -7,8 +7,9 @@ The kernel hands itself to its ``Warmup`` and calls it at the start of each draw
 metric) and at the end of a run (:meth:`Warmup.warn_at_end`); the warmup reads the kernel
 through its public attributes and methods and sets one of them, ``kernel.metric``. What an
 update rule knows about itself stays on the kernel: its ``stability_limit(curvature)``,
-``check_step_size``, ``fit_gradient_noise`` (SGHMC chooses its friction and noise
-correction there), ``momentum_friction`` and ``noise_correction``.
+``check_step_size``, ``fit_gradient_noise`` (an underdamped update with a ``noise_fit``
+chooses its friction and noise correction there, from the first estimate on; the others shrink
+the step), ``momentum_friction`` and ``noise_correction``.
 
 The rule and its constants are in :mod:`pyro_flat.infer.mcmc.adaptation`: at each estimate
 point the step is
