@@ -16,9 +16,13 @@ underdamped SASGLD and EntropyMCMC, fail here:
 * the underdamped SASGLD and EntropyMCMC had no correction: their chains, as hot, went off
   by about 1e10 posterior sds in the first half of warmup, and the step that warmup then shrank
   (to hold the noise at the given friction) kept them there, without an error.
+
+A fourth is known and not fixed: with epoch-wise batches the correction makes the chains run
+cold (``test_corrected_sghmc_is_not_too_cold``, an expected failure).
 """
 
 import math
+import sys
 import warnings
 
 import pyro
@@ -74,9 +78,10 @@ def test_adapted_underdamped_kernel_on_a_minibatched_regression_samples_the_exac
     mean, sd = exact_posterior(x, y)
     chains = mcmc.get_samples()["w"].transpose(0, 1)  # (chains, draws, D)
     m, c, se_mean, _ = moments_with_errors(chains)
-    # the chain mixes: its Monte Carlo error is a fraction of a posterior sd (before: the
-    # over-damped chains stood still where they started, far apart)
-    assert torch.all(Z * se_mean <= 0.5 * sd), (se_mean / sd)
+    # the check is conclusive: Z Monte Carlo errors are within a posterior sd, the conformance
+    # matrix's rule (before: the over-damped chains stood still where they started, far apart,
+    # at 5-9 sds of error)
+    assert torch.all(Z * se_mean <= sd), (se_mean / sd)
     # the mean of a linear chain with zero-mean gradient noise is exact
     assert torch.all((m - mean).abs() <= Z * se_mean), ((m - mean) / sd)
     # sd: Monte Carlo error, plus 5% for the excess temperature warmup allows (10%) and the
@@ -110,3 +115,27 @@ def test_the_raised_friction_is_the_smallest_that_holds_the_correction():
     # where the given friction holds it, it is kept
     assert gradient_noise.corrected_friction(torch.tensor([1e-3]), 1.0, 1.0, step_for)[0] == 1.0
     assert math.isfinite(friction)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known bug (issue 31): the correction assumes independent minibatch noise, but the kernel "
+    "draws batches epoch-wise, whose noise sums to zero over an epoch; when the position relaxes "
+    "over many epochs the correction takes away injected noise the chain needs, and it runs "
+    "cold (sd ratio 0.79-0.88 here, benchmarks/underdamped_minibatch_warmup.py)"))
+def test_corrected_sghmc_is_not_too_cold(monkeypatch):
+    """At ``B = 100`` (5 batches an epoch) and 400 draws, each posterior sd within its Monte
+    Carlo error plus the 5% that warmup's 10% excess-temperature bound allows."""
+    monkeypatch.setattr(sys.modules[__name__], "B", 100)
+    x, y = data()
+    kernel = SGHMC(model, num_steps_per_sample=20, vectorized_chains=8)
+    pyro.set_rng_seed(0)
+    mcmc = pyro.infer.MCMC(kernel, num_samples=400, warmup_steps=200, disable_progbar=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mcmc.run(x, y)
+    _, sd = exact_posterior(x, y)
+    chains = mcmc.get_samples()["w"].transpose(0, 1)
+    _, c, se_mean, _ = moments_with_errors(chains)
+    ess = c.diagonal() / se_mean**2
+    ratio = c.diagonal().sqrt() / sd
+    assert torch.all((ratio - 1).abs() <= sqrt_ratio_tolerance(ess) + 0.05), ratio
