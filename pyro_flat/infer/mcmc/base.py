@@ -389,7 +389,7 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
                 raise ValueError(f"{type(self).__name__} has no noise correction to load")
             return
         self.friction = friction
-        self.noise_fit.load(friction, correction)
+        self.noise_fit.load(correction)
 
     def restore_friction(self) -> None:
         """Undo what an earlier estimate chose for the friction."""

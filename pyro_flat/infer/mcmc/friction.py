@@ -19,7 +19,7 @@ Examples
 >>> fit = NoiseCorrection(1.0)
 >>> fit.noise_scale(1.0, 0.01, 1.0) is None  # no correction chosen: the update's own noise
 True
->>> fit.load(4.0, torch.tensor([1.0, 2.0]))
+>>> fit.load(torch.tensor([1.0, 2.0]))  # a checkpoint's, at friction 4
 >>> scale = fit.noise_scale(4.0, 0.01, 1.0)  # sqrt(2 (C - B) eps T)
 >>> torch.allclose(scale.square(), torch.tensor([0.06, 0.04]))
 True
@@ -82,8 +82,8 @@ class NoiseCorrection:
         self.correction, self._scale = None, None
         return self.given_friction
 
-    def load(self, friction: float, correction: torch.Tensor | None) -> None:
-        """Continue with a checkpoint's choice (the kernel sets ``friction`` itself)."""
+    def load(self, correction: torch.Tensor | None) -> None:
+        """Continue with a checkpoint's correction (the kernel sets its friction itself)."""
         self.correction, self._scale = correction, None
 
     def noise_scale(self, friction: float, step_size: float, temperature: float

@@ -29,7 +29,7 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
-from harness import Z, moments_with_errors, sqrt_ratio_tolerance
+from harness import Z, assert_resume_continues, moments_with_errors, sqrt_ratio_tolerance
 
 from pyro_flat.infer import SASGLD, SGHMC, EntropyMCMC
 from pyro_flat.infer.mcmc import adaptation, gradient_noise
@@ -139,3 +139,15 @@ def test_corrected_sghmc_is_not_too_cold(monkeypatch):
     ess = c.diagonal() / se_mean**2
     ratio = c.diagonal().sqrt() / sd
     assert torch.all((ratio - 1).abs() <= sqrt_ratio_tolerance(ess) + 0.05), ratio
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_a_checkpoint_keeps_the_chosen_friction_and_correction(name, tmp_path):
+    """Stopped after warmup and resumed from a file, the chain continues bit for bit: the
+    checkpoint carries the raised friction and the correction (without them the resumed run
+    would take the given friction and inject the uncorrected noise)."""
+    x, y = data()
+    whole, second = assert_resume_continues(
+        lambda: KERNELS[name](num_steps_per_sample=5), x, y, through_file=tmp_path / "ck.pt")
+    assert second.kernel.momentum_friction() > 1.0  # raised above the given friction
+    assert second.kernel.chosen_noise_correction() is not None

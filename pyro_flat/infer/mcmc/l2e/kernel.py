@@ -135,6 +135,7 @@ class L2E(SGMCMCKernel):
         **kwargs: Any,
     ):
         super().__init__(model, step_size, **kwargs)
+        self._rule_step_size: float | None = None
         self.step_mult = validation.positive("step_mult", step_mult)
         self.num_data = None if num_data is None else validation.integer_at_least(
             "num_data", num_data, 1)
@@ -157,8 +158,10 @@ class L2E(SGMCMCKernel):
 
     def rule_step_size(self) -> float:
         """The authors' step :math:`\\sqrt{\\text{step\\_mult} / N}`, in force when
-        ``step_size`` is omitted."""
-        return math.sqrt(self.step_mult / self._data_size(strict=True))
+        ``step_size`` is omitted (computed once per run: every SG step reads it)."""
+        if self._rule_step_size is None:
+            self._rule_step_size = math.sqrt(self.step_mult / self._data_size(strict=True))
+        return self._rule_step_size
 
     def _data_size(self, strict: bool = False) -> int:
         if self.num_data is not None:
@@ -199,6 +202,7 @@ class L2E(SGMCMCKernel):
         )
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
+        self._rule_step_size = None  # N may differ from the last run's
         super().setup(warmup_steps, *args, **kwargs)
         #: ``N``, the data size the meta-network's features are scaled by (1 when unknown).
         self.data_size = self._data_size()
