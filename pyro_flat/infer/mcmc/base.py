@@ -37,7 +37,7 @@ from pyro_flat.infer.mcmc.chains import ChainStreams, VectorizedPotential
 from pyro_flat.infer.mcmc.checkpoint import Checkpoints, state_fingerprint
 from pyro_flat.infer.mcmc.divergence import divergence_message, warn_if_blown_up
 from pyro_flat.infer.mcmc.estimators import Estimate, MinibatchGradient
-from pyro_flat.infer.mcmc.friction import NoiseCorrection
+from pyro_flat.infer.mcmc.friction import NoiseFriction
 from pyro_flat.infer.mcmc.recorder import DrawRecorder
 from pyro_flat.infer.mcmc.state import KernelState, StateField
 from pyro_flat.infer.mcmc.warmup import Warmup
@@ -76,8 +76,9 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
         ``diagnostics()["step_size_adaptation"]``, in the ``step_size`` statistic and in the
         ``pyro_flat.adaptation`` logger (level INFO). On a minibatched model the step is
         also at most the one at which the minibatch gradient noise is 5% of the injected
-        noise (:mod:`pyro_flat.infer.mcmc.gradient_noise`; SGHMC instead chooses its noise
-        correction and friction). Needs ``warmup_steps >= 1``. Whatever the step, a
+        noise (:mod:`pyro_flat.infer.mcmc.gradient_noise`; the underdamped updates instead
+        raise their friction until the noise heats the chain by at most 5%,
+        :mod:`pyro_flat.infer.mcmc.friction`). Needs ``warmup_steps >= 1``. Whatever the step, a
         minibatched run measures its gradient noise in warmup, reports the noise ratio and
         the excess temperature in ``diagnostics()["gradient_noise"]`` and warns when the
         chain runs more than 10% hotter than ``temperature``.
@@ -331,23 +332,23 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
     #: Whether a run warns when the excess temperature is above the bound (a kernel whose
     #: dynamics were fitted to minibatch noise, as L2E's meta-learned ones, reports it only).
     warns_on_gradient_noise: bool = True
-    #: The noise correction of an underdamped update that has one (SGHMC, and SASGLD and
-    #: EntropyMCMC with ``dynamics="underdamped"``); ``None``: warmup shrinks the step instead.
-    noise_fit: NoiseCorrection | None = None
+    #: How an underdamped update chooses its friction against the minibatch noise (SGHMC, and
+    #: SASGLD and EntropyMCMC with ``dynamics="underdamped"``); ``None``: warmup shrinks the
+    #: step instead.
+    noise_fit: NoiseFriction | None = None
 
     @property
     def noise_fit_from(self) -> float:
         """The fraction of warmup from which the adapted step also accounts for the minibatch
         gradient noise (:meth:`fit_gradient_noise`); before it only stability counts. A kernel
-        with a ``noise_fit`` corrects from the start: its momentum would keep the noise's heat."""
+        with a ``noise_fit`` fits from the start: its momentum would keep the noise's heat."""
         return 0.0 if self.noise_fit is not None else adaptation.NOISE_FROM
 
     def fit_gradient_noise(self, step_size: float, curvature: float,
                            variance: torch.Tensor) -> float:
         r"""The adapted step size given the measured minibatch gradient ``variance``. With a
-        ``noise_fit``, the friction and per-coordinate correction it chooses, and the step of
-        the stability rule at that friction
-        (:meth:`~pyro_flat.infer.mcmc.friction.NoiseCorrection.fit`). Otherwise at most
+        ``noise_fit``, the friction it chooses and the step of the stability rule at that
+        friction (:meth:`~pyro_flat.infer.mcmc.friction.NoiseFriction.fit`). Otherwise at most
         ``step_size`` (the stability rule's), and small enough that the minibatch noise is at
         most :data:`~pyro_flat.infer.mcmc.gradient_noise.TARGET_RATIO` of the injected noise
         in every coordinate (the ratio is linear in the step)."""
@@ -358,15 +359,26 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
             return step_size * gradient_noise.TARGET_RATIO / ratio
         return step_size
 
+    def heating_curvature(self, curvature: float) -> float:
+        """The curvature along which the minibatch noise moves the position, given the
+        potential's largest ``curvature`` (a kernel that adds a force, as EntropyMCMC's
+        coupling, adds its curvature)."""
+        return curvature
+
     def gradient_noise_terms(self, variance: torch.Tensor, step_size: float
                              ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per coordinate, the noise ratio and the relative excess temperature of a step of
-        ``step_size`` (:mod:`~pyro_flat.infer.mcmc.gradient_noise`)."""
+        ``step_size`` (:mod:`~pyro_flat.infer.mcmc.gradient_noise`); the excess counts the
+        share of the noise that reaches the position with epoch-wise batches where warmup
+        chose the friction (the ``share`` of its
+        :class:`~pyro_flat.infer.mcmc.friction.NoiseFriction`), and all of it otherwise."""
+        share = None if self.noise_fit is None else self.noise_fit.share
         terms = {"step_size": step_size, "temperature": self.temperature,
                  "inverse_mass": None if self.metric is None else self.metric.inverse_mass,
                  "friction": self.momentum_friction(), "correction": self.noise_correction()}
         return (gradient_noise.noise_ratio(variance, **terms),
-                gradient_noise.temperature_excess(variance, **terms))
+                gradient_noise.temperature_excess(variance, **terms,
+                                                  share=1.0 if share is None else share))
 
     def momentum_friction(self) -> float | None:
         """The friction of an underdamped update (``None``: a Langevin update)."""
@@ -374,22 +386,16 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
 
     def noise_correction(self) -> float | torch.Tensor:
         r"""The update's gradient-noise correction :math:`\hat B` (0: none)."""
-        correction = self.chosen_noise_correction()
-        return 0.0 if correction is None else correction
+        return 0.0
 
-    def chosen_noise_correction(self) -> torch.Tensor | None:
-        r"""The per-coordinate :math:`\hat B` warmup chose (``None``: none chosen)."""
-        return None if self.noise_fit is None else self.noise_fit.correction
-
-    def load_noise_correction(self, friction: float, correction: torch.Tensor | None) -> None:
-        """Continue with the friction and noise correction a checkpoint's warmup chose (a
-        kernel without a ``noise_fit`` keeps its own friction)."""
+    def load_noise_friction(self, friction: float, share: float | None) -> None:
+        """Continue with the friction a checkpoint's warmup chose and the share of the noise
+        that reaches the position at it (a kernel without a ``noise_fit`` keeps its own
+        friction)."""
         if self.noise_fit is None:
-            if correction is not None:
-                raise ValueError(f"{type(self).__name__} has no noise correction to load")
             return
         self.friction = friction
-        self.noise_fit.load(correction)
+        self.noise_fit.load(share)
 
     def restore_friction(self) -> None:
         """Undo what an earlier estimate chose for the friction."""

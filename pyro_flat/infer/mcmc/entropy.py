@@ -12,7 +12,7 @@ from pyro_flat import validation
 from pyro_flat.infer.mcmc import dynamics as dyn
 from pyro_flat.infer.mcmc.base import SGMCMCKernel
 from pyro_flat.infer.mcmc.estimators import Estimate
-from pyro_flat.infer.mcmc.friction import NoiseCorrection
+from pyro_flat.infer.mcmc.friction import NoiseFriction
 from pyro_flat.infer.mcmc.integrators import langevin_step_, underdamped_step_
 from pyro_flat.infer.mcmc.noise import PrefetchedNormal
 from pyro_flat.infer.mcmc.sgld import MOMENTUM, NOISE
@@ -160,9 +160,9 @@ class EntropyMCMC(SGMCMCKernel):
         super().__init__(model, step_size, **kwargs)
         self.eta = validation.positive("eta", eta)
         self.dynamics, self.friction = dyn.resolve_dynamics("EntropyMCMC", dynamics, friction)
-        #: The friction and per-coordinate :math:`\hat B` warmup chooses for the underdamped
-        #: form on a minibatched model (the Langevin form shrinks the step instead).
-        self.noise_fit = (NoiseCorrection(self.friction) if self.dynamics == "underdamped"
+        #: The friction warmup chooses for the underdamped form on a minibatched model (the
+        #: Langevin form shrinks the step instead).
+        self.noise_fit = (NoiseFriction(self.friction) if self.dynamics == "underdamped"
                           else None)
         self.mass = validation.positive("mass", mass)
         self.tempered_coupling = bool(tempered_coupling)
@@ -177,6 +177,9 @@ class EntropyMCMC(SGMCMCKernel):
 
     def momentum_friction(self) -> float | None:
         return self.friction if self.dynamics == "underdamped" else None
+
+    def heating_curvature(self, curvature: float) -> float:
+        return curvature + self.coupling_strength
 
     def stability_limit(self, curvature: float) -> float:
         r"""The limit at the joint curvature: the largest eigenvalue of the Hessian of
@@ -253,9 +256,7 @@ class EntropyMCMC(SGMCMCKernel):
             grad = torch.sub(grad, guide_grad, alpha=k, out=state.theta_grad)
             guide_grad.mul_(k)
             c, m = self.friction, self.mass
-            # the minibatch noise enters theta's momentum only (theta_a's force is exact)
-            underdamped_step_(z, state.momentum, grad, step_size, c, m, t, state.noise,
-                              noise_scale=self.noise_fit.noise_scale(c, step_size, t))
+            underdamped_step_(z, state.momentum, grad, step_size, c, m, t, state.noise)
             # theta_a's force has no minibatch noise: its momentum keeps the given friction
             # (a friction warmup raised for theta's noise would all but freeze theta_a)
             underdamped_step_(guide, state.guide_momentum, guide_grad, step_size,

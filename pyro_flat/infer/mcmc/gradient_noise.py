@@ -13,8 +13,14 @@ temperature than the :math:`T` it was given. Per coordinate, per step:
   momentum receives :math:`\epsilon^2 P_i v_i` beside the injected
   :math:`2(C - \hat B_i)\epsilon T`; the ratio is
   :math:`r_i = \epsilon P_i v_i / (2(C - \hat B_i)T)` and
-  :math:`T_{\mathrm{eff},i}/T = 1 + (\epsilon P_i v_i/(2T) - \hat B_i)/C`, exact when the
-  noise correction is :math:`\hat B_i = \epsilon P_i v_i / (2T)` (Chen et al. 2014, Eq. 13).
+  :math:`T_{\mathrm{eff},i}/T = 1 + (\epsilon P_i v_i/(2T) - \hat B_i)/C`, with
+  :math:`\hat B_i` a correction the user gives (SGHMC's ``noise_estimate``; Chen et al. 2014,
+  Eq. 13).
+
+These assume independent batches. The kernels' epoch-wise batches heat the position by a
+share :math:`h` of that (:mod:`pyro_flat.infer.mcmc.epoch_noise`), small when the chain moves
+slowly against an epoch: an underdamped update whose friction warmup chose reports its excess
+with the :math:`h` it was chosen at; the other reports are upper bounds where :math:`h \le 1`.
 
 :math:`P` is the diagonal metric (1 without one). :func:`measure_variance` estimates
 :math:`v` at the chain's position from :data:`NUM_BATCHES` independent minibatches (each a
@@ -26,9 +32,8 @@ The kernels report the largest :math:`r_i` (``noise_ratio``) and the largest rel
 ``diagnostics()["gradient_noise"]``, and warn when the excess is above
 :data:`EXCESS_BOUND` (10%: the posterior standard deviations are then up to about 5% too
 wide). When warmup chooses the step size, Langevin updates take a step at which the ratio
-is at most :data:`TARGET_RATIO`, and SGHMC sets the per-coordinate correction
-:math:`\hat B_i` and, where :math:`\hat B_i` would exceed :data:`CORRECTION_SHARE` of the
-friction, raises the friction.
+is at most :data:`TARGET_RATIO`, and the underdamped updates raise the friction until the
+excess is at most :data:`TARGET_RATIO` (:mod:`pyro_flat.infer.mcmc.friction`).
 
 References
 ----------
@@ -39,11 +44,9 @@ bias and variance of stochastic gradient Langevin dynamics. JMLR.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
-from scipy.optimize import brentq
 
 #: Minibatches per estimate of the gradient variance: a coordinate's variance estimate then
 #: has a relative standard error of about :math:`\sqrt{2/31} \approx 0.25`.
@@ -52,10 +55,6 @@ NUM_BATCHES = 32
 TARGET_RATIO = 0.05
 #: The relative excess temperature above which a run warns.
 EXCESS_BOUND = 0.1
-#: The largest share of the friction an adapted SGHMC leaves to the noise correction
-#: :math:`\hat B` (the rest is injected noise, so an error in :math:`v` moves the temperature
-#: by at most this share of that error).
-CORRECTION_SHARE = 0.5
 #: Seeds the draws of the measuring minibatches (offset by the SG step count), so that
 #: measuring touches no random stream of the chain.
 _SEED = 0x5EED_0153
@@ -129,47 +128,12 @@ def noise_ratio(variance: torch.Tensor, step_size: float, temperature: float,
 
 def temperature_excess(variance: torch.Tensor, step_size: float, temperature: float,
                        inverse_mass: torch.Tensor | None = None, friction: float | None = None,
-                       correction: float | torch.Tensor = 0.0) -> torch.Tensor:
-    r"""Per coordinate, :math:`(T_{\mathrm{eff},i} - T)/T` of a step (see the module's text)."""
-    scaled = step_size * variance * (1.0 if inverse_mass is None else inverse_mass)
+                       correction: float | torch.Tensor = 0.0, share: float = 1.0
+                       ) -> torch.Tensor:
+    r"""Per coordinate, :math:`(T_{\mathrm{eff},i} - T)/T` of a step (see the module's text);
+    ``share`` is the part :math:`h` of the noise's heat that reaches the position
+    (:func:`~pyro_flat.infer.mcmc.epoch_noise.epoch_share`; 1 for independent batches)."""
+    scaled = share * step_size * variance * (1.0 if inverse_mass is None else inverse_mass)
     if friction is None:
         return scaled / (2.0 * temperature)
     return (scaled / (2.0 * temperature) - correction) / friction
-
-
-def corrected_friction(
-    variance: torch.Tensor,
-    temperature: float,
-    friction: float,
-    step_for: Callable[[float], float],
-    inverse_mass: torch.Tensor | None = None,
-) -> tuple[float, float, torch.Tensor]:
-    r"""SGHMC's friction, step size and noise correction for a measured gradient variance.
-
-    :math:`\hat B_i = \epsilon P_i v_i / (2T)` at the step :math:`\epsilon` = ``step_for(C)``
-    of the stability rule, which is smaller at a larger friction :math:`C`. The friction is
-    the given one if :math:`\max_i \hat B_i` is at most :data:`CORRECTION_SHARE` of it, and
-    otherwise the smallest friction at which it is: the root of
-    :math:`\text{share}\cdot C - \max_i \hat B_i(C)`, which increases with :math:`C`
-    (SciPy's ``brentq``). A larger friction would damp the momentum, and so slow
-    the chain, more than the noise requires.
-
-    Returns
-    -------
-    (friction, step_size, correction)
-    """
-    scale = variance * (1.0 if inverse_mass is None else inverse_mass) / (2.0 * temperature)
-    top = float(scale.max())
-
-    def needed(c: float) -> float:
-        return step_for(c) * top / CORRECTION_SHARE
-
-    if math.isfinite(top) and needed(friction) > friction:
-        # needed() does not increase with C, so needed(C) = C between the given friction and
-        # needed(given); searched on log C, where the bracket may span many decades
-        low, high = math.log(friction), math.log(needed(friction))
-        root = brentq(lambda x: math.exp(x) - needed(math.exp(x)), low, high, xtol=1e-10,
-                      rtol=1e-10)
-        friction = max(math.exp(root), needed(math.exp(root)))
-    step = step_for(friction)
-    return friction, step, step * scale

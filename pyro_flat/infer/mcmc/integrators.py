@@ -61,7 +61,6 @@ def underdamped_step_(
     generator: torch.Generator | None = None,
     draw_noise: bool = True,
     metric: DiagonalMetric | None = None,
-    noise_scale: torch.Tensor | None = None,
 ) -> None:
     r"""SGHMC step of Chen, Fox & Guestrin (2014), Eq. (13), Euler-discretised:
 
@@ -76,26 +75,18 @@ def underdamped_step_(
     With ``draw_noise=False`` ``noise`` already holds the standard-normal draw to use. With a
     ``metric`` :math:`P` the momentum lives in the coordinates :math:`P^{-1/2}\theta`: its
     gradient is :math:`P^{1/2}\nabla U` and :math:`\theta` moves by
-    :math:`\epsilon M^{-1} P^{1/2} r` (the mass matrix is :math:`M P^{-1}`). ``noise_scale``
-    (a tensor shaped like ``theta``) replaces :math:`\sqrt{2 (C - \hat B)\epsilon T}` by a
-    per-coordinate value, for a per-coordinate :math:`\hat B`.
+    :math:`\epsilon M^{-1} P^{1/2} r` (the mass matrix is :math:`M P^{-1}`).
     """
     momentum.mul_(1.0 - step_size * friction / mass)
     if metric is None:
         momentum.add_(grad, alpha=-step_size)
     else:
         momentum.addcmul_(grad, metric.scale, value=-step_size)
-    if noise_scale is not None:
-        if temperature > 0:
-            if draw_noise:
-                noise.normal_(generator=generator)
-            momentum.addcmul_(noise, noise_scale)
-    else:
-        variance = 2.0 * (friction - noise_estimate) * step_size * temperature
-        if variance > 0:
-            if draw_noise:
-                noise.normal_(generator=generator)
-            momentum.add_(noise, alpha=math.sqrt(variance))
+    variance = 2.0 * (friction - noise_estimate) * step_size * temperature
+    if variance > 0:
+        if draw_noise:
+            noise.normal_(generator=generator)
+        momentum.add_(noise, alpha=math.sqrt(variance))
     if metric is None:
         theta.add_(momentum, alpha=step_size / mass)
     else:

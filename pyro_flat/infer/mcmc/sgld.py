@@ -6,13 +6,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from pyro_flat import validation
 from pyro_flat.infer.mcmc import adaptation
 from pyro_flat.infer.mcmc.base import SGMCMCKernel
 from pyro_flat.infer.mcmc.estimators import Estimate
-from pyro_flat.infer.mcmc.friction import NoiseCorrection
+from pyro_flat.infer.mcmc.friction import NoiseFriction
 from pyro_flat.infer.mcmc.integrators import langevin_step_, underdamped_step_
 from pyro_flat.infer.mcmc.state import KernelState, StateField
 
@@ -134,17 +132,16 @@ class SGHMC(SGMCMCKernel):
         self.noise_estimate = validation.in_range(
             "noise_estimate", noise_estimate, 0.0, self.friction
         )
-        #: The friction and per-coordinate :math:`\hat B` warmup chooses on a minibatched model.
-        self.noise_fit = NoiseCorrection(self.friction)
+        #: The friction warmup chooses on a minibatched model.
+        self.noise_fit = NoiseFriction(self.friction)
         if self.step_size is not None:
             self.check_step_size(self.step_size)
 
     def momentum_friction(self) -> float:
         return self.friction
 
-    def noise_correction(self) -> float | torch.Tensor:
-        correction = self.noise_fit.correction
-        return self.noise_estimate if correction is None else correction
+    def noise_correction(self) -> float:
+        return self.noise_estimate
 
     def stability_limit(self, curvature: float) -> float:
         return adaptation.underdamped_limit(curvature, self.friction, self.mass)
@@ -170,12 +167,9 @@ class SGHMC(SGMCMCKernel):
 
 
     def update(self, state: KernelState, estimate: Estimate, step_size: float) -> None:
-        scale = self.noise_fit.noise_scale(self.friction, step_size, self.temperature)
         underdamped_step_(
             state.position, state.momentum, estimate.step_grad, step_size, self.friction,
-            self.mass, self.temperature, state.noise,
-            self.noise_estimate if scale is None else 0.0, metric=self.metric,
-            noise_scale=scale,
+            self.mass, self.temperature, state.noise, self.noise_estimate, metric=self.metric,
         )
 
 

@@ -11,7 +11,7 @@ from pyro_flat import validation
 from pyro_flat.infer.mcmc import dynamics as dyn
 from pyro_flat.infer.mcmc.base import SGMCMCKernel
 from pyro_flat.infer.mcmc.estimators import Estimate, SharpnessAwareGradient
-from pyro_flat.infer.mcmc.friction import NoiseCorrection
+from pyro_flat.infer.mcmc.friction import NoiseFriction
 from pyro_flat.infer.mcmc.integrators import langevin_step_, underdamped_step_
 from pyro_flat.infer.mcmc.sgld import MOMENTUM, NOISE
 from pyro_flat.infer.mcmc.state import KernelState, StateField
@@ -143,9 +143,9 @@ class SASGLD(SGMCMCKernel):
         self.rho = validation.nonnegative("rho", rho)
         self.geometry = bool(geometry)
         self.dynamics, self.friction = dyn.resolve_dynamics("SASGLD", dynamics, friction)
-        #: The friction and per-coordinate :math:`\hat B` warmup chooses for the underdamped
-        #: form on a minibatched model (the Langevin form shrinks the step instead).
-        self.noise_fit = (NoiseCorrection(self.friction) if self.dynamics == "underdamped"
+        #: The friction warmup chooses for the underdamped form on a minibatched model (the
+        #: Langevin form shrinks the step instead).
+        self.noise_fit = (NoiseFriction(self.friction) if self.dynamics == "underdamped"
                           else None)
         self.mass = validation.positive("mass", mass)
         if self.step_size is not None:
@@ -183,6 +183,4 @@ class SASGLD(SGMCMCKernel):
                            state.noise)
         else:
             underdamped_step_(state.position, state.momentum, estimate.step_grad, step_size,
-                              self.friction, self.mass, self.temperature, state.noise,
-                              noise_scale=self.noise_fit.noise_scale(self.friction, step_size,
-                                                                      self.temperature))
+                              self.friction, self.mass, self.temperature, state.noise)

@@ -8,8 +8,8 @@ metric) and at the end of a run (:meth:`Warmup.warn_at_end`); the warmup reads t
 through its public attributes and methods and sets one of them, ``kernel.metric``. What an
 update rule knows about itself stays on the kernel: its ``stability_limit(curvature)``,
 ``check_step_size``, ``fit_gradient_noise`` (an underdamped update with a ``noise_fit``
-chooses its friction and noise correction there, from the first estimate on; the others shrink
-the step), ``momentum_friction`` and ``noise_correction``.
+chooses its friction there, from the first estimate on; the others shrink the step),
+``momentum_friction`` and ``noise_correction``.
 
 The rule and its constants are in :mod:`pyro_flat.infer.mcmc.adaptation`: at each estimate
 point the step is
@@ -287,6 +287,8 @@ class Warmup:
         if friction is not None:
             record["friction"] = float(friction)
             record["noise_correction"] = float(torch.as_tensor(k.noise_correction()).max())
+            if k.noise_fit is not None and k.noise_fit.share is not None:
+                record["epoch_share"] = k.noise_fit.share
         self.noise_log.append(record)
         _LOG.info("%s: warmup draw %d: minibatch/injected noise ratio %.3g (median %.3g), "
                   "excess temperature %.1f%% (worst at site %r)", type(k).__name__,
@@ -415,7 +417,6 @@ class Warmup:
         k = self.kernel
         if self.step_size is None and self.steps_per_sample is None and not self.noise_log:
             return None
-        correction = k.chosen_noise_correction()
         return {
             "step_size": self.step_size,
             "inverse_mass": None if k.metric is None else k.metric.inverse_mass.clone(),
@@ -423,7 +424,7 @@ class Warmup:
             "num_steps_per_sample": self.steps_per_sample,
             "gradient_noise": [dict(r) for r in self.noise_log],
             "friction": k.momentum_friction(),
-            "noise_correction": None if correction is None else correction.clone(),
+            "epoch_share": None if k.noise_fit is None else k.noise_fit.share,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -436,7 +437,11 @@ class Warmup:
         self.log = [dict(r) for r in state["log"]]
         self.steps_per_sample = state.get("num_steps_per_sample")
         self.noise_log = [dict(r) for r in state.get("gradient_noise", [])]
-        correction = state.get("noise_correction")
+        if state.get("noise_correction") is not None:
+            raise ValueError(
+                "this checkpoint was written by a pyro_flat whose warmup subtracted a "
+                "per-coordinate noise correction from the injected noise (it ran cold on "
+                "epoch-wise minibatches); this one raises the friction instead: resume from "
+                "a checkpoint taken before warmup ended, or run warmup again")
         if state.get("friction") is not None:  # underdamped: the friction warmup chose
-            k.load_noise_correction(state["friction"],
-                                    None if correction is None else correction.clone())
+            k.load_noise_friction(state["friction"], state.get("epoch_share"))

@@ -18,8 +18,9 @@ Checked, for SGLD and SGHMC built without a step size:
    within ``Z`` Monte Carlo standard errors over independent vectorised chains;
 2. that law's excess over the same chain's law without minibatch noise is at most
    ``gradient_noise.EXCESS_BOUND`` (10%) in every coordinate (fails at the curvature-only step);
-3. the reported excess temperature bounds the law's excess (it assumes independent batches; the
-   epoch-wise batches only lower the noise's effect).
+3. the reported excess temperature bounds the law's excess (SGLD's assumes independent
+   batches, which epoch-wise batches only cool here; SGHMC's counts the share of the noise that
+   reaches the position at the largest curvature, :mod:`pyro_flat.infer.mcmc.epoch_noise`).
 """
 
 import math
