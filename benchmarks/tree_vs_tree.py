@@ -11,7 +11,9 @@ rounds. Workloads, all through ``pyro.infer.MCMC`` with SGLD at a fixed step:
 * ``small``: a 1-8-1 tanh regression ``BNN`` with learned noise on 160 points, full batch, 10
   steps per draw (the per-step overhead dominates);
 * ``small_k4``: the same with ``vectorized_chains=4``;
-* ``small_thin1``: the same single chain with one SG step per draw (the per-draw work).
+* ``small_thin1``: the same single chain with one SG step per draw (the per-draw work);
+* ``small_sasgld``, ``small_sasgld_k4``: ``small`` and ``small_k4`` with SASGLD (``rho=0.05``),
+  whose sharpness-aware gradient takes two passes a step.
 
 Run
 ---
@@ -35,7 +37,7 @@ WORKLOAD = r"""
 import sys, time, torch, pyro
 from pyro.infer import MCMC
 torch.set_num_threads(1)
-from pyro_flat.infer import SGLD
+from pyro_flat.infer import SASGLD, SGLD
 try:  # the layout of either tree: pyro_flat.models since issue 33's grouping, top level before
     from pyro_flat.models.bnn import BNN
     from pyro_flat.models.likelihoods import Categorical, HomoskedasticGaussian
@@ -54,10 +56,13 @@ else:
     y = torch.sin(2 * x).squeeze(-1) + 0.1 * torch.randn(160)
     net = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     model = BNN(net, HomoskedasticGaussian())
-    kw = {"vectorized_chains": 4} if name == "small_k4" else {}
+    kw = {"vectorized_chains": 4} if name.endswith("k4") else {}
     thin = 1 if name == "small_thin1" else 10
 def run(draws):
-    kernel = SGLD(model, step_size=1e-5, num_steps_per_sample=thin, **kw)
+    if name.startswith("small_sasgld"):  # two passes a step (the sharpness-aware gradient)
+        kernel = SASGLD(model, step_size=1e-5, rho=0.05, num_steps_per_sample=thin, **kw)
+    else:
+        kernel = SGLD(model, step_size=1e-5, num_steps_per_sample=thin, **kw)
     mcmc = MCMC(kernel, num_samples=draws, warmup_steps=0, disable_progbar=True)
     start = time.perf_counter()
     mcmc.run(x, y)
@@ -68,8 +73,9 @@ total = run(steps // thin)
 print((total - one) / (steps - thin))
 """
 
-WORKLOADS = ("mlp", "small", "small_k4", "small_thin1")
-STEPS = {"mlp": 300, "small": 3000, "small_k4": 3000, "small_thin1": 1500}
+WORKLOADS = ("mlp", "small", "small_k4", "small_thin1", "small_sasgld", "small_sasgld_k4")
+STEPS = {"mlp": 300, "small": 3000, "small_k4": 3000, "small_thin1": 1500, "small_sasgld": 2000,
+         "small_sasgld_k4": 2000}
 
 
 def per_step(tree: Path, name: str, steps: int) -> float:

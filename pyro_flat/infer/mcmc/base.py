@@ -551,15 +551,18 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
         self.target.bind(z)
         names = tuple(dict.fromkeys(self.stat_names + self.estimator.stat_names))
         self.recorder = DrawRecorder(names, self.stat_dtypes)
-        self._recent_nonfinite: deque[Any] = deque(maxlen=2 * self.max_nonfinite_steps)
-        if k is None:
-            self._nonfinite: Any = 0
-            self._num_recent_nonfinite: Any = 0
-        else:
-            self._nonfinite = torch.zeros(k, dtype=torch.long)
-            self._num_recent_nonfinite = torch.zeros(k, dtype=torch.long)
+        # per chain (one row for a single chain): the last 2 * max_nonfinite_steps steps'
+        # non-finite chains (None: none was), how many of them each had, and how many in a row
+        self._recent_nonfinite: deque[torch.Tensor | None] = deque(
+            maxlen=2 * self.max_nonfinite_steps)
+        self._num_recent_nonfinite = torch.zeros(k or 1, dtype=torch.long)
+        self._nonfinite = torch.zeros(k or 1, dtype=torch.long)
+        self._nonfinite_in_a_row = False
+        self._diverged = torch.zeros(k or 1, dtype=torch.bool)  # per chain, in this draw
+        self._draw_diverged = False  # whether any chain did
         self._num_diverging = 0
-        self._last = (math.nan, math.nan, math.nan)
+        nan = torch.tensor(math.nan)
+        self._last: tuple[torch.Tensor, torch.Tensor, float] = (nan, nan, math.nan)
         self._step_stats: dict[str, Any] = {}
         #: During the update of vectorised chains: which chains take the step (``None``: all).
         self.active_chains: torch.Tensor | None = None
@@ -644,13 +647,13 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
     def sample(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if params is not self._last_draw:
             self._load_draw(params)
-        k = self.vectorized_chains
-        self._diverged = False if k is None else torch.zeros(k, dtype=torch.bool)
+        if self._draw_diverged:
+            self._diverged.zero_()
+            self._draw_diverged = False
         self.warmup.at_draw_start()
-        step = self._sg_step if k is None else self._sg_step_chains
         thinning = self.warmup.step_recorder()
         for _ in range(self.steps_for_next_draw()):
-            step()
+            self._sg_step()
             if thinning is not None:
                 thinning.record(self._z, self._step_energy)
         if self._draw >= self._warmup_steps:
@@ -661,11 +664,11 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
         return self._last_draw
 
     def logging(self) -> OrderedDict:
-        u, _, eps = self._last
+        energy, _, eps = self._last
         return OrderedDict(
             [
                 ("step size", f"{eps:.2e}"),
-                ("lp", f"{-u:.4g}"),
+                ("lp", f"{-float(energy.float().mean()):.4g}"),
                 ("non-finite steps", self._num_diverging),
             ]
         )
@@ -777,57 +780,35 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
             raise ValueError(f"step_size_schedule({t}) returned {eps!r}: {e}") from None
         return eps
 
-    def _sg_step(self) -> None:
-        eps = self.current_step_size()
-        batch = self._next_batch()
-        estimate = self.estimator(self._z, self.potential_and_grad, batch)
-        u, gnorm = float(estimate.energy), float(torch.linalg.vector_norm(estimate.grad))
-        finite = math.isfinite(u) and math.isfinite(gnorm)
-        if self.recorder.pending:
-            self._close_draw(u, gnorm, finite)
-        recent = self._recent_nonfinite
-        if len(recent) == recent.maxlen:
-            self._num_recent_nonfinite -= recent[0]
-        recent.append(not finite)
-        self._step_stats = estimate.stats
-        if finite:
-            self._z_finite.copy_(self._z)
-            if self.warmup.collects_moments:
-                self.warmup.accumulate(estimate.grad)
-            self.update(self.state, estimate, eps)
-            self._nonfinite = 0
-        else:
-            # The state itself may be the problem: fall back to the last state whose potential
-            # and gradient were finite and try again with a fresh minibatch and fresh noise.
-            self._diverged = True
-            self._num_diverging += 1
-            self._nonfinite += 1
-            self._num_recent_nonfinite += 1
-            if self._num_recent_nonfinite >= self.max_nonfinite_steps:
-                raise RuntimeError(self._divergence(u, estimate.grad))
-            self._z.copy_(self._z_finite)
-            self.state.reset_()
-        self.state.num_steps += 1
-        self._last = (u, gnorm, eps)
-        self._step_energy = estimate.energy
+    def _chain_rows(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` with one row per chain: as it is for vectorised chains, a view with one
+        row for a single chain."""
+        return value if self.vectorized_chains is not None else value.unsqueeze(0)
 
-    def _sg_step_chains(self) -> None:
-        """One SG step of vectorised chains: :meth:`_sg_step` row by row, in one update. A
-        chain whose potential or gradient is not finite skips the step (its rows of the state
-        are kept as they were, it draws no noise) and falls back as a single chain does."""
+    def _sg_step(self) -> None:
+        """One SG step of the chain, or of ``K`` vectorised chains in one update (a single
+        chain is one row). A chain whose potential or gradient is not finite skips the step:
+        its rows of the state are kept as they were, it draws no noise, it falls back to its
+        last state whose potential and gradient were finite, and the next step tries again
+        with a fresh minibatch and fresh noise. One that does so ``max_nonfinite_steps`` times
+        in ``2 * max_nonfinite_steps`` steps stops the run with its site and step."""
         eps = self.current_step_size()
         batch = self._next_batch()
         estimate = self.estimator(self._z, self.potential_and_grad, batch)
         gnorm = torch.linalg.vector_norm(estimate.grad, dim=-1)
-        finite = torch.isfinite(estimate.energy + gnorm)
-        all_finite = bool(finite.all())
+        # one synchronisation: a finite sum means every chain is finite (an overflowing sum of
+        # finite values goes the slow way, which finds them finite)
+        all_finite = math.isfinite(float((estimate.energy + gnorm).sum()))
+        finite = None
+        if not all_finite:
+            finite = torch.isfinite(estimate.energy) & torch.isfinite(gnorm)
+            all_finite = bool(finite.all())
         if self.recorder.pending:
-            self._close_draw(estimate.energy.tolist(), gnorm.tolist(), finite.tolist())
-        # the last 2 * max_nonfinite_steps steps' non-finite chains (None: none was)
+            self._close_draw(estimate.energy, gnorm, finite)
         recent = self._recent_nonfinite
         if len(recent) == recent.maxlen and recent[0] is not None:
             self._num_recent_nonfinite -= recent[0].long()
-        bad = None if all_finite else ~finite
+        bad = None if all_finite else ~self._chain_rows(finite)
         recent.append(bad)
         self._step_stats = estimate.stats
         state = self.state
@@ -836,59 +817,73 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
             if self.warmup.collects_moments:
                 self.warmup.accumulate(estimate.grad)
             self.update(state, estimate, eps)
-            self._nonfinite.zero_()
+            if self._nonfinite_in_a_row:
+                self._nonfinite.zero_()
+                self._nonfinite_in_a_row = False
         else:
+            self._nonfinite_in_a_row = True
             self._num_recent_nonfinite += bad.long()
             self._diverged |= bad
+            self._draw_diverged = True
             self._num_diverging += int(bad.sum())
             self._nonfinite = torch.where(bad, self._nonfinite + 1, 0)
             stopped = torch.nonzero(self._num_recent_nonfinite >= self.max_nonfinite_steps)
             if len(stopped):
                 c = int(stopped[0])
-                raise RuntimeError(self._divergence(float(estimate.energy[c]),
-                                                    estimate.grad[c], c))
-            self._z_finite[finite] = self._z[finite]
-            if self.warmup.collects_moments:
-                self.warmup.accumulate(estimate.grad, finite)
-            kept = {f.name: getattr(state, f.name)[bad].clone() for f in state.fields
-                    if f.persistent and has_chain_rows(getattr(state, f.name), len(bad))}
-            self.active_chains = finite
-            try:
-                self.update(state, estimate, eps)
-            finally:
-                self.active_chains = None
-            self._z[bad] = self._z_finite[bad]
-            for name, rows in kept.items():
-                getattr(state, name)[bad] = rows
+                raise RuntimeError(self._divergence(
+                    float(self._chain_rows(estimate.energy)[c]),
+                    self._chain_rows(estimate.grad)[c],
+                    None if self.vectorized_chains is None else c))
+            z, z_finite = self._chain_rows(self._z), self._chain_rows(self._z_finite)
+            good = ~bad
+            if bool(good.any()):  # the finite chains take the step, the others keep theirs
+                z_finite[good] = z[good]
+                if self.warmup.collects_moments:
+                    self.warmup.accumulate(estimate.grad, finite)
+                kept = {f.name: self._chain_rows(getattr(state, f.name))[bad].clone()
+                        for f in state.fields if f.persistent
+                        and has_chain_rows(self._chain_rows(getattr(state, f.name)), len(bad))}
+                self.active_chains = finite
+                try:
+                    self.update(state, estimate, eps)
+                finally:
+                    self.active_chains = None
+                for name, rows in kept.items():
+                    self._chain_rows(getattr(state, name))[bad] = rows
+            z[bad] = z_finite[bad]
             for f in state.fields:
                 if f.reset:
-                    getattr(state, f.name)[bad] = 0
-        self.state.num_steps += 1
-        self._last = (float(estimate.energy.mean()), float(gnorm.mean()), eps)
+                    self._chain_rows(getattr(state, f.name))[bad] = 0
+        state.num_steps += 1
+        self._last = (estimate.energy, gnorm, eps)
         self._step_energy = estimate.energy
 
     def _record_draw(self) -> None:
         k = self.vectorized_chains
+        diverged = self._diverged.tolist() if self._draw_diverged else [False] * (k or 1)
         if k is None:
-            known = {"step_size": self._last[2], "diverging": self._diverged}
+            known = {"step_size": self._last[2], "diverging": diverged[0]}
         else:
-            known = {"step_size": [self._last[2]] * k, "diverging": self._diverged.tolist()}
+            known = {"step_size": [self._last[2]] * k, "diverging": diverged}
         known.update(self._step_stats)
         known.update(self.draw_statistics())
         defaults = self.stat_defaults if k is None else {
             name: [value] * k for name, value in self.stat_defaults.items()}
         self.recorder.open_draw(known, defaults)
 
-    def _close_draw(self, u: Any, gnorm: Any, finite: Any) -> None:
-        """Complete the pending draw with the potential ``u`` and gradient norm at it (lists,
-        one per chain, for vectorised chains)."""
+    def _close_draw(self, energy: torch.Tensor, gnorm: torch.Tensor,
+                    finite: torch.Tensor | None) -> None:
+        """Complete the pending draw with the potential ``energy`` and gradient norm at it
+        (one per chain for vectorised chains; ``finite``: which chains' are, ``None``: all)."""
+        u, norms = energy.tolist(), gnorm.tolist()
         if self.vectorized_chains is None:
-            at_draw = {"lp": -u, "grad_norm": gnorm}
-            if not finite:
+            at_draw = {"lp": -u, "grad_norm": norms}
+            if finite is not None and not bool(finite):
                 at_draw["diverging"] = True
         else:
-            at_draw = {"lp": [-x for x in u], "grad_norm": gnorm,
-                       "diverging": [not f for f in finite]}
+            good = [True] * len(u) if finite is None else finite.tolist()
+            at_draw = {"lp": [-x for x in u], "grad_norm": norms,
+                       "diverging": [not f for f in good]}
         at_draw.update(self.statistics_at_draw(u))
         self.recorder.close_draw(at_draw)
 
@@ -908,12 +903,7 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
             pyro.util.set_rng_state(rng)
             if streams is not None:
                 self.chain_streams.set_state(streams)
-        if self.vectorized_chains is None:
-            u, gnorm = float(u_t), float(gnorm_t)
-            self._close_draw(u, gnorm, math.isfinite(u) and math.isfinite(gnorm))
-        else:
-            finite = torch.isfinite(u_t) & torch.isfinite(gnorm_t)
-            self._close_draw(u_t.tolist(), gnorm_t.tolist(), finite.tolist())
+        self._close_draw(u_t, gnorm_t, torch.isfinite(u_t) & torch.isfinite(gnorm_t))
 
     def _next_batch(self) -> torch.Tensor | None:
         """The next minibatch indices (one row per chain for vectorised chains), or None."""
@@ -927,11 +917,11 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
     def _divergence(self, u: float, grad: torch.Tensor, chain: int | None = None) -> str:
         """The message of :func:`~.divergence.divergence_message` for this chain (``chain``:
         the row of vectorised chains)."""
-        row = (lambda x: x) if chain is None else (lambda x: int(x[chain]))
+        row = 0 if chain is None else chain
         return divergence_message(
-            self.layout, self._z if chain is None else self._z[chain], grad, u, self.num_steps,
-            row(self._num_recent_nonfinite), len(self._recent_nonfinite), row(self._nonfinite),
-            chain, self.vectorized_chains)
+            self.layout, self._chain_rows(self._z)[row], grad, u, self.num_steps,
+            int(self._num_recent_nonfinite[row]), len(self._recent_nonfinite),
+            int(self._nonfinite[row]), chain, self.vectorized_chains)
 
     def __getstate__(self) -> dict[str, Any]:
         # What a worker process needs: the arguments, not the per-run state.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -114,26 +115,52 @@ class SharpnessAwareGradient:
 
     def __call__(self, position: torch.Tensor, evaluate: Evaluate,
                  batch: torch.Tensor | None) -> Estimate:
+        """The estimate at ``position``: one chain's ``(d,)``, or ``K`` vectorised chains'
+        ``(K, d)``, each row's ascent step as a single chain's, with one second pass for all
+        rows (at :math:`\theta` for rows that take none)."""
         u, g = evaluate(batch)
-        if position.dim() > 1:
-            return self._chains(position, evaluate, batch, u, g)
+        single = position.dim() == 1
+
+        def rows(t: torch.Tensor) -> torch.Tensor:  # one row per chain
+            return t.unsqueeze(0) if single else t
+
+        def out(values: Any) -> Any:  # as the chains are shaped
+            return values[0] if single else values
+
+        k = rows(position).shape[0]
         if self.rho == 0.0:
-            return Estimate(u, g, g, {"sharpness": 0.0})
+            return Estimate(u, g, g, {"sharpness": out([0.0] * k)})
         grad_at_theta, e, theta = self._work_buffers(position)
         grad_at_theta.copy_(g)
-        metric = asam_metric([position], ASAM_OFFSET, out=[e]) if self.geometry else None
-        if not (math.isfinite(float(u)) and ascent_perturbation(
-                [grad_at_theta], self.rho, metric=metric, out=[e]) is not None):
-            # non-finite (the kernel stops or falls back) or zero gradient (e = 0)
-            sharpness = 0.0 if math.isfinite(float(u)) else math.nan
-            return Estimate(u, g, g, {"sharpness": sharpness})
+        # one synchronisation when every row is finite, the usual case
+        finite = ([True] * k if math.isfinite(float(u.sum()))
+                  else torch.isfinite(rows(u)).tolist())
+        perturbed = []
+        for c in range(k):
+            e_c, grad_c = rows(e)[c], rows(grad_at_theta)[c]
+            metric = (asam_metric([rows(position)[c]], ASAM_OFFSET, out=[e_c]) if self.geometry
+                      else None)
+            perturbed.append(finite[c] and ascent_perturbation(
+                [grad_c], self.rho, metric=metric, out=[e_c]) is not None)
+            if not perturbed[c]:  # non-finite (the kernel falls back) or a zero gradient
+                e_c.zero_()
+        sharpness = [0.0 if ok else math.nan for ok in finite]
+        if not any(perturbed):
+            return Estimate(u, g, g, {"sharpness": out(sharpness)})
         u_e, g_e = self._perturbed_pass(position, e, theta, evaluate, batch)
-        sharpness = float(u_e - u)
-        if not (math.isfinite(float(u_e)) and bool(torch.isfinite(g_e).all())):
-            # the step is non-finite: report the perturbed pass, whose sites are the culprits
-            return Estimate(u_e, g_e, g_e, {"sharpness": sharpness})
-        return Estimate(u, grad_at_theta, g_e, {"sharpness": sharpness})
-
+        if all(perturbed) and math.isfinite(float(u_e.sum() + g_e.sum())):
+            sharpness = (u_e - u).reshape(-1).tolist()
+            return Estimate(u, grad_at_theta, g_e, {"sharpness": out(sharpness)})
+        took = torch.tensor(perturbed)
+        # a row whose second pass is not finite reports it: its sites are the culprits
+        second_finite = (torch.isfinite(rows(u_e)) & torch.isfinite(rows(g_e)).all(-1)) | ~took
+        energy = torch.where(second_finite, rows(u), rows(u_e))
+        grad = torch.where(second_finite.unsqueeze(-1), rows(grad_at_theta), rows(g_e))
+        step_grad = torch.where(took.unsqueeze(-1), rows(g_e), rows(grad_at_theta))
+        for c in range(k):
+            if perturbed[c]:
+                sharpness[c] = float(rows(u_e)[c] - rows(u)[c])
+        return Estimate(out(energy), out(grad), out(step_grad), {"sharpness": out(sharpness)})
 
     def _perturbed_pass(self, position: torch.Tensor, e: torch.Tensor, theta: torch.Tensor,
                         evaluate: Evaluate, batch: torch.Tensor | None
@@ -147,35 +174,3 @@ class SharpnessAwareGradient:
                 return evaluate(batch)
         finally:
             position.copy_(theta)
-
-    def _chains(self, position: torch.Tensor, evaluate: Evaluate, batch: torch.Tensor | None,
-                u: torch.Tensor, g: torch.Tensor) -> Estimate:
-        """Vectorised chains (``position`` of shape ``(K, d)``): each row's ascent step as a
-        single chain's, one second pass for all rows (at ``theta`` for rows that take none)."""
-        k = position.shape[0]
-        if self.rho == 0.0:
-            return Estimate(u, g, g, {"sharpness": [0.0] * k})
-        grad_at_theta, e, theta = self._work_buffers(position)
-        grad_at_theta.copy_(g)
-        finite = torch.isfinite(u).tolist()
-        perturbed = []
-        for c in range(k):
-            metric = (asam_metric([position[c]], ASAM_OFFSET, out=[e[c]]) if self.geometry
-                      else None)
-            perturbed.append(finite[c] and ascent_perturbation(
-                [grad_at_theta[c]], self.rho, metric=metric, out=[e[c]]) is not None)
-            if not perturbed[c]:
-                e[c].zero_()
-        sharpness = [0.0 if ok else math.nan for ok in finite]
-        if not any(perturbed):
-            return Estimate(u, g, g, {"sharpness": sharpness})
-        u_e, g_e = self._perturbed_pass(position, e, theta, evaluate, batch)
-        rows = torch.tensor(perturbed)
-        second_finite = (torch.isfinite(u_e) & torch.isfinite(g_e).all(-1)) | ~rows
-        energy = torch.where(second_finite, u, u_e)
-        grad = torch.where(second_finite.unsqueeze(-1), grad_at_theta, g_e)
-        step_grad = torch.where(rows.unsqueeze(-1), g_e, grad_at_theta)
-        for c in range(k):
-            if perturbed[c]:
-                sharpness[c] = float(u_e[c] - u[c])
-        return Estimate(energy, grad, step_grad, {"sharpness": sharpness})
