@@ -5,7 +5,7 @@ a coordinate's position that the kernel's epoch-wise batches give it.
 
 The kernels draw minibatches epoch-wise (:mod:`pyro_flat.target.minibatch`): an epoch's
 :math:`m = \lfloor N/B \rfloor` batches together hold each datum at most once, so at a fixed
-position their gradient noises :math:`\eta_1, \dots, \eta_m` sum to zero (for :math:`m N = B`
+position their gradient noises :math:`\eta_1, \dots, \eta_m` sum to zero (for :math:`mB = N`
 exactly; nearly so otherwise), with variance :math:`v` each and covariance
 :math:`-v/(m-1)` between two batches of an epoch. A linear chain on a quadratic of curvature
 :math:`\lambda` responds to the noise :math:`j` steps back with :math:`h_j`, so independent
