@@ -357,10 +357,9 @@ class DistributedMCMC:
 
 def _next_draw(part: Path) -> int:
     """The draw index after the last draw of a finished run in a part file."""
-    import h5netcdf
+    from pyro_flat.draws.files import part_attrs
 
-    with h5netcdf.File(part, "r") as file:
-        return int(file.attrs.get("next_draw", 0))
+    return int(part_attrs(part).get("next_draw", 0))
 
 
 #: The arguments of DrawWriter a user may set through ``draw_options``.

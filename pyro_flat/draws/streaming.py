@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from pyro_flat import validation
-from pyro_flat.draws.files import Part, part_name
+from pyro_flat.draws.files import Part, open_for_reading, part_name
 
 __all__ = ["DrawWriter"]
 
@@ -264,11 +264,11 @@ class _ChainWriter:
                 raise ValueError(f"resume: {path.name} holds chains {self.part.chains.tolist()}, "
                                  f"the run's are {chains.tolist()}")
             self._check_continues(kernel, path)
-            self.first_draw = int(self.part.file.attrs.get("next_draw", 0))
+            self.first_draw = int(self.part.attrs().get("next_draw", 0))
             # draws after next_draw were written by a run that did not finish (its chains
             # continue from the checkpoint before it): this run writes them again
-            self.part.truncate(int(np.searchsorted(self.part.file["posterior"]["draw"][:],
-                                                   self.first_draw)))
+            written = self.part.file["posterior"]["draw"][:self.part.num_draws]
+            self.part.truncate(int(np.searchsorted(written, self.first_draw)))
         else:
             if path.exists():
                 raise ValueError(f"{str(path)!r} exists: the store already holds chains "
@@ -305,7 +305,7 @@ class _ChainWriter:
     def _check_continues(self, kernel: Any, path: Path) -> None:
         """``resume=True``: the kernel must continue from the checkpoint of the run that wrote
         the part (its SG step count and the fingerprint of its position)."""
-        attrs = self.part.file.attrs
+        attrs = self.part.attrs()
         if "state_fingerprint" not in attrs:  # written before fingerprints, or by hand
             return
         stored = (int(np.atleast_1d(attrs["num_sg_steps"])[0]), str(attrs["state_fingerprint"]))
@@ -422,12 +422,10 @@ class _StatisticsReader:
         self.start, self.vectorized = chain.start_position, chain.vectorized
 
     def __call__(self, n: int, names: Sequence[str]) -> dict[str, np.ndarray]:
-        import h5netcdf
-
         stop = self.start + n
         if self.part.file is not None:  # still being written
             return self._read(self.part.file, stop, names)
-        with h5netcdf.File(self.path, "r") as file:
+        with open_for_reading(self.path) as file:
             return self._read(file, stop, names)
 
     def _read(self, file: Any, stop: int, names: Sequence[str]) -> dict[str, np.ndarray]:
