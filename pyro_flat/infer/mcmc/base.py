@@ -55,7 +55,7 @@ STABILITY_FRACTION = 0.2
 
 
 
-class SGMCMCKernel(Checkpoints, MCMCKernel):
+class SGMCMCKernel(MCMCKernel):
     r"""Base class of the stochastic-gradient MCMC kernels, for use with :class:`pyro.infer.MCMC`.
 
     The target is :math:`\pi_T(\theta) \propto \exp(-U(\theta)/T)` with the minibatch potential
@@ -275,7 +275,8 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
         self._kernel_initial_params = check_initial_params(initial_params)
         self._user_initial_params: dict[str, torch.Tensor] | None = None
         self._initial_params: dict[str, torch.Tensor] | None = None
-        self._resume_state: dict[str, Any] | None = None
+        #: Saves the chain and continues it (:class:`~pyro_flat.infer.mcmc.checkpoint.Checkpoints`).
+        self.checkpoints = Checkpoints(self)
         self._end_of_run_callbacks: list[Callable[[Any], None]] = []
         self.transforms = {} if model is None else None
         #: The gradient estimator the update moves with (:mod:`.estimators`).
@@ -526,14 +527,9 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
                                                  for c in range(k)]
         self.aux_generator = torch.Generator(device=device)
         self.aux_generator.manual_seed(seeds[0])
-        saved, self._resume_state = self._resume_state, None
         self.warmup.reset()
-        #: ``(SG steps, fingerprint of the position)`` of the checkpoint this run continues.
-        self.resumed_from: tuple[int, str] | None = None
-        if saved is not None:
-            z = self._restore(saved)
-            self.resumed_from = (self.num_steps, state_fingerprint(z))
-        else:
+        z = self.checkpoints.start_run()
+        if z is None:
             given = self._user_initial_params or self._kernel_initial_params
             if given is not None and self.model is not None:
                 inits = self._chain_inits(given)
@@ -566,7 +562,6 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
         self._step_stats: dict[str, Any] = {}
         #: During the update of vectorised chains: which chains take the step (``None``: all).
         self.active_chains: torch.Tensor | None = None
-        self._rng_at_end: tuple[int, Any] | None = None
         self._draw_layout = self._make_draw_layout()
         self._last_flat = self._draw_state()
         self._initial_params = self._draw_views(self._last_flat)
@@ -694,21 +689,46 @@ class SGMCMCKernel(Checkpoints, MCMCKernel):
             out["vectorized_chains"] = self.vectorized_chains
         return out
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue this chain exactly where it stopped.
+
+        Call it after ``MCMC.run`` (the random state is the one at the end of the run) or
+        between draws from a ``hook_fn``; pass the result to :meth:`load_state_dict` of a
+        kernel built with the same arguments before the next run.
+        """
+        return self.checkpoints.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` at the next :meth:`setup` (i.e. the next ``MCMC.run``)."""
+        self.checkpoints.load(state)
+
+    @property
+    def resumed_from(self) -> tuple[int, str] | None:
+        """``(SG steps, fingerprint of the position)`` of the checkpoint this run continues."""
+        return self.checkpoints.resumed_from
+
+    def position_fingerprint(self) -> str:
+        """:func:`~pyro_flat.infer.mcmc.checkpoint.state_fingerprint` of the chain's position
+        now (after a run: the position its checkpoint holds)."""
+        return state_fingerprint(self.position)
+
+    def aux_generator_state(self) -> torch.Tensor:
+        """State of ``aux_generator`` for a checkpoint (a kernel that draws ahead overrides)."""
+        return self.aux_generator.get_state()
+
     def cleanup(self) -> None:
         """End of a run (``MCMC`` calls it after :meth:`diagnostics`): remember the random
         state, so that a :meth:`state_dict` taken later (after other random work, e.g.
         building the next model) still continues this chain, and warn about diverging draws
         and blown-up gradients."""
         super().cleanup()
-        if self.state is None or getattr(self, "_rng_at_end", None) is not None:
+        if self.state is None or self.checkpoints.run_ended:
             return  # not run, or this run ended already
         self.complete_last_draw()
         callbacks, self._end_of_run_callbacks = self._end_of_run_callbacks, []
         try:
             self.warmup.warn_at_end()
-            self._rng_at_end = (self.num_steps, pyro.util.get_rng_state())
-            if self.chain_streams is not None:
-                self._chain_rng_at_end = (self.num_steps, self.chain_streams.get_state())
+            self.checkpoints.end_run()
             stats = self.recorder.tensors(["diverging", "grad_norm"])
             if "diverging" not in stats or not len(stats["diverging"]):
                 return

@@ -1,6 +1,6 @@
-"""Checkpoints of an SG-MCMC kernel: the part of :class:`~pyro_flat.infer.mcmc.base.SGMCMCKernel`
-that saves a chain and continues it bitwise (position, named state, minibatch streams, random
-streams, what warmup adapted)."""
+"""Checkpoints of an SG-MCMC kernel: the object (``kernel.checkpoints``) that saves a chain and
+continues it bitwise (position, named state, minibatch streams, random streams, what warmup
+adapted)."""
 
 from __future__ import annotations
 
@@ -48,84 +48,110 @@ def native_rng_state(state: dict[str, Any]) -> dict[str, Any]:
 
 
 class Checkpoints:
-    """Mixin of :class:`~pyro_flat.infer.mcmc.base.SGMCMCKernel`: ``state_dict`` and
-    ``load_state_dict``."""
+    """The checkpoints of one kernel (``kernel.checkpoints``): saves its chain and continues it
+    bitwise, through the kernel's public state (``state``, ``position``, ``layout``,
+    ``minibatches``, the random streams, ``warmup``). The kernel's ``state_dict`` and
+    ``load_state_dict`` are this object's :meth:`state_dict` and :meth:`load`.
+
+    A loaded checkpoint waits for the next run: :meth:`start_run`, called by the kernel's
+    ``setup``, restores it. :meth:`end_run`, called when the run ends, keeps the random
+    states of that moment, so that a checkpoint taken later (after other random work, e.g.
+    building the next model) still continues the chain.
+
+    Parameters
+    ----------
+    kernel : SGMCMCKernel
+        The kernel whose chain is saved.
+    """
+
+    def __init__(self, kernel: Any):
+        self.kernel = kernel
+        #: A loaded checkpoint, restored at the next run.
+        self.pending: dict[str, Any] | None = None
+        #: ``(SG steps, fingerprint of the position)`` of the checkpoint this run continues.
+        self.resumed_from: tuple[int, str] | None = None
+        #: ``(SG steps, Pyro's random state, the chains' streams)`` when the last run ended.
+        self.run_end: tuple[int, dict[str, Any], Any] | None = None
+
+    @property
+    def run_ended(self) -> bool:
+        """Whether the kernel's run has ended (:meth:`end_run`) since it was set up."""
+        return self.run_end is not None
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue this chain exactly where it stopped.
-
-        Call it after ``MCMC.run`` (the random state is the one at the end of the run) or
-        between draws from a ``hook_fn``; pass the result to :meth:`load_state_dict` of a
-        kernel built with the same arguments before the next run.
-        """
-        if self.state is None:
+        """Everything needed to continue the chain exactly where it stopped."""
+        kernel = self.kernel
+        if kernel.state is None:
             raise RuntimeError("state_dict() needs a kernel that has run (or been set up)")
+        streams = kernel.chain_streams
+        ended = self.run_end is not None and self.run_end[0] == kernel.num_steps
+        if ended:
+            rng, chain_rng = self.run_end[1], self.run_end[2]
+        else:  # between draws of a run (e.g. from a hook_fn)
+            rng = pyro.util.get_rng_state()
+            chain_rng = None if streams is None else streams.get_state()
         return {
             "version": _STATE_VERSION,
-            "kernel": type(self).__name__,
-            "sites": [(s.name, tuple(s.shape)) for s in self.layout.sites],
-            "z": self.position.detach().clone(),
-            "num_sg_steps": self.num_steps,
-            "kernel_state": self.state.checkpoint(),
-            "minibatch": None if self.minibatches is None else self.minibatches.state_dict(),
-            "rng": portable_rng_state(self._rng_for_checkpoint()),
-            "aux_rng": self.aux_generator_state(),
-            "chain_rng": None if self.chain_streams is None else self._chain_rng_for_checkpoint(),
-            "adaptation": self.warmup.state_dict(),
+            "kernel": type(kernel).__name__,
+            "sites": [(s.name, tuple(s.shape)) for s in kernel.layout.sites],
+            "z": kernel.position.detach().clone(),
+            "num_sg_steps": kernel.num_steps,
+            "kernel_state": kernel.state.checkpoint(),
+            "minibatch": None if kernel.minibatches is None else kernel.minibatches.state_dict(),
+            "rng": portable_rng_state(rng),
+            "aux_rng": kernel.aux_generator_state(),
+            "chain_rng": chain_rng,
+            "adaptation": kernel.warmup.state_dict(),
         }
 
-    def position_fingerprint(self) -> str:
-        """:func:`state_fingerprint` of the chain's position now (after a run: the position
-        its checkpoint holds)."""
-        return state_fingerprint(self.position)
-
-    def aux_generator_state(self) -> torch.Tensor:
-        """State of ``aux_generator`` for a checkpoint (a kernel that draws ahead overrides)."""
-        return self.aux_generator.get_state()
-
-    def _chain_rng_for_checkpoint(self) -> list[torch.Tensor]:
-        end = getattr(self, "_chain_rng_at_end", None)
-        if end is not None and end[0] == self.num_steps:
-            return end[1]
-        return self.chain_streams.get_state()
-
-    def _rng_for_checkpoint(self) -> dict[str, Any]:
-        end = getattr(self, "_rng_at_end", None)
-        if end is not None and end[0] == self.num_steps:
-            return end[1]
-        return pyro.util.get_rng_state()  # between draws of a run (e.g. from a hook_fn)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` at the next
-        :meth:`~pyro_flat.infer.mcmc.base.SGMCMCKernel.setup` (i.e. the next ``MCMC.run``)."""
-        if (state.get("version") not in _LOADABLE_VERSIONS
-                or state.get("kernel") != type(self).__name__):
+    def load(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` at the kernel's next run."""
+        name = type(self.kernel).__name__
+        if state.get("version") not in _LOADABLE_VERSIONS or state.get("kernel") != name:
             raise ValueError(
                 f"state was saved by {state.get('kernel')!r} (version {state.get('version')}), "
-                f"not by {type(self).__name__} (versions {_LOADABLE_VERSIONS} load)"
+                f"not by {name} (versions {_LOADABLE_VERSIONS} load)"
             )
-        self._resume_state = state
+        self.pending = state
+
+    def start_run(self) -> torch.Tensor | None:
+        """At the start of a run: restore the loaded checkpoint, if any, into the kernel and
+        return its position (``None`` without one)."""
+        saved, self.pending = self.pending, None
+        self.resumed_from = self.run_end = None
+        if saved is None:
+            return None
+        z = self._restore(saved)
+        self.resumed_from = (self.kernel.num_steps, state_fingerprint(z))
+        return z
+
+    def end_run(self) -> None:
+        """At the end of a run: keep the random states of this moment."""
+        kernel = self.kernel
+        streams = kernel.chain_streams
+        self.run_end = (kernel.num_steps, pyro.util.get_rng_state(),
+                        None if streams is None else streams.get_state())
 
     def _restore(self, state: dict[str, Any]) -> torch.Tensor:
-        sites = [(s.name, tuple(s.shape)) for s in self.layout.sites]
+        kernel = self.kernel
+        sites = [(s.name, tuple(s.shape)) for s in kernel.layout.sites]
         if [tuple(x) for x in state["sites"]] != [(n, tuple(s)) for n, s in sites]:
             raise ValueError(f"saved sites {state['sites']} differ from the model's {sites}")
         z = state["z"].clone()
-        expected = (self.layout.size,) if self.vectorized_chains is None else (
-            self.vectorized_chains, self.layout.size)
+        k = kernel.vectorized_chains
+        expected = (kernel.layout.size,) if k is None else (k, kernel.layout.size)
         if tuple(z.shape) != expected:
             raise ValueError(f"the checkpoint holds parameters of shape {tuple(z.shape)}; this "
-                             f"kernel's are {expected} (vectorized_chains="
-                             f"{self.vectorized_chains})")
-        self.state = KernelState.create(z, self.state_fields(), int(state["num_sg_steps"]))
-        self.state.load(state["kernel_state"])
-        if self.minibatches is not None and state["minibatch"] is not None:
-            self.minibatches.load_state_dict(state["minibatch"])
+                             f"kernel's are {expected} (vectorized_chains={k})")
+        kernel.state = KernelState.create(z, kernel.state_fields(), int(state["num_sg_steps"]))
+        kernel.state.load(state["kernel_state"])
+        if kernel.minibatches is not None and state["minibatch"] is not None:
+            kernel.minibatches.load_state_dict(state["minibatch"])
         pyro.util.set_rng_state(native_rng_state(state["rng"]))
-        self.aux_generator.set_state(state["aux_rng"])
-        if self.chain_streams is not None:
-            self.chain_streams.set_state(state["chain_rng"])
+        kernel.aux_generator.set_state(state["aux_rng"])
+        if kernel.chain_streams is not None:
+            kernel.chain_streams.set_state(state["chain_rng"])
         adapted = state.get("adaptation")  # absent from checkpoints written before adaptation
         if adapted is not None:
-            self.warmup.load_state_dict(adapted)
+            kernel.warmup.load_state_dict(adapted)
         return z

@@ -668,7 +668,7 @@ class ContourSGLD(SGMCMCKernel):
     def cleanup(self) -> None:
         """End of a run: the base class's checks, then a ``RuntimeWarning`` when a chain's
         importance weights collapsed (:func:`weights_ess_threshold`)."""
-        ended = self.state is None or getattr(self, "_rng_at_end", None) is not None
+        ended = self.state is None or self.checkpoints.run_ended
         super().cleanup()
         if ended or self.zeta == 0.0:
             return
