@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +35,7 @@ from pyro_flat.infer.mcmc.arguments import (
 )
 from pyro_flat.infer.mcmc.chains import ChainStreams, VectorizedPotential
 from pyro_flat.infer.mcmc.checkpoint import Checkpoints, state_fingerprint
-from pyro_flat.infer.mcmc.divergence import divergence_message, warn_if_blown_up
+from pyro_flat.infer.mcmc.divergence import DivergencePolicy, warn_if_blown_up
 from pyro_flat.infer.mcmc.estimators import Estimate, MinibatchGradient
 from pyro_flat.infer.mcmc.friction import NoiseFriction
 from pyro_flat.infer.mcmc.recorder import DrawRecorder
@@ -547,16 +547,8 @@ class SGMCMCKernel(MCMCKernel):
         self.target.bind(z)
         names = tuple(dict.fromkeys(self.stat_names + self.estimator.stat_names))
         self.recorder = DrawRecorder(names, self.stat_dtypes)
-        # per chain (one row for a single chain): the last 2 * max_nonfinite_steps steps'
-        # non-finite chains (None: none was), how many of them each had, and how many in a row
-        self._recent_nonfinite: deque[torch.Tensor | None] = deque(
-            maxlen=2 * self.max_nonfinite_steps)
-        self._num_recent_nonfinite = torch.zeros(k or 1, dtype=torch.long)
-        self._nonfinite = torch.zeros(k or 1, dtype=torch.long)
-        self._nonfinite_in_a_row = False
-        self._diverged = torch.zeros(k or 1, dtype=torch.bool)  # per chain, in this draw
-        self._draw_diverged = False  # whether any chain did
-        self._num_diverging = 0
+        #: Which chains' steps were non-finite, and when one must stop (:mod:`.divergence`).
+        self.divergence = DivergencePolicy(k or 1, self.max_nonfinite_steps)
         nan = torch.tensor(math.nan)
         self._last: tuple[torch.Tensor, torch.Tensor, float] = (nan, nan, math.nan)
         self._step_stats: dict[str, Any] = {}
@@ -642,9 +634,7 @@ class SGMCMCKernel(MCMCKernel):
     def sample(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if params is not self._last_draw:
             self._load_draw(params)
-        if self._draw_diverged:
-            self._diverged.zero_()
-            self._draw_diverged = False
+        self.divergence.start_draw()
         self.warmup.at_draw_start()
         thinning = self.warmup.step_recorder()
         for _ in range(self.steps_for_next_draw()):
@@ -664,7 +654,7 @@ class SGMCMCKernel(MCMCKernel):
             [
                 ("step size", f"{eps:.2e}"),
                 ("lp", f"{-float(energy.float().mean()):.4g}"),
-                ("non-finite steps", self._num_diverging),
+                ("non-finite steps", self.divergence.num_diverging),
             ]
         )
 
@@ -825,11 +815,8 @@ class SGMCMCKernel(MCMCKernel):
             all_finite = bool(finite.all())
         if self.recorder.pending:
             self._close_draw(estimate.energy, gnorm, finite)
-        recent = self._recent_nonfinite
-        if len(recent) == recent.maxlen and recent[0] is not None:
-            self._num_recent_nonfinite -= recent[0].long()
         bad = None if all_finite else ~self._chain_rows(finite)
-        recent.append(bad)
+        stop = self.divergence.record(bad)
         self._step_stats = estimate.stats
         state = self.state
         if all_finite:
@@ -837,23 +824,13 @@ class SGMCMCKernel(MCMCKernel):
             if self.warmup.collects_moments:
                 self.warmup.accumulate(estimate.grad)
             self.update(state, estimate, eps)
-            if self._nonfinite_in_a_row:
-                self._nonfinite.zero_()
-                self._nonfinite_in_a_row = False
         else:
-            self._nonfinite_in_a_row = True
-            self._num_recent_nonfinite += bad.long()
-            self._diverged |= bad
-            self._draw_diverged = True
-            self._num_diverging += int(bad.sum())
-            self._nonfinite = torch.where(bad, self._nonfinite + 1, 0)
-            stopped = torch.nonzero(self._num_recent_nonfinite >= self.max_nonfinite_steps)
-            if len(stopped):
-                c = int(stopped[0])
-                raise RuntimeError(self._divergence(
-                    float(self._chain_rows(estimate.energy)[c]),
-                    self._chain_rows(estimate.grad)[c],
-                    None if self.vectorized_chains is None else c))
+            if stop is not None:
+                raise RuntimeError(self.divergence.message(
+                    self.layout, self._chain_rows(self._z)[stop],
+                    self._chain_rows(estimate.grad)[stop],
+                    float(self._chain_rows(estimate.energy)[stop]), self.num_steps, stop,
+                    self.vectorized_chains))
             z, z_finite = self._chain_rows(self._z), self._chain_rows(self._z_finite)
             good = ~bad
             if bool(good.any()):  # the finite chains take the step, the others keep theirs
@@ -880,7 +857,7 @@ class SGMCMCKernel(MCMCKernel):
 
     def _record_draw(self) -> None:
         k = self.vectorized_chains
-        diverged = self._diverged.tolist() if self._draw_diverged else [False] * (k or 1)
+        diverged = self.divergence.diverged_in_draw()
         if k is None:
             known = {"step_size": self._last[2], "diverging": diverged[0]}
         else:
@@ -933,15 +910,6 @@ class SGMCMCKernel(MCMCKernel):
         """The minibatch the next SG step takes, without taking it (None: full batch). At an
         epoch's end it draws a permutation: save and restore the random state around it."""
         return None if self.minibatches is None else self.minibatches.peek()
-
-    def _divergence(self, u: float, grad: torch.Tensor, chain: int | None = None) -> str:
-        """The message of :func:`~.divergence.divergence_message` for this chain (``chain``:
-        the row of vectorised chains)."""
-        row = 0 if chain is None else chain
-        return divergence_message(
-            self.layout, self._chain_rows(self._z)[row], grad, u, self.num_steps,
-            int(self._num_recent_nonfinite[row]), len(self._recent_nonfinite),
-            int(self._nonfinite[row]), chain, self.vectorized_chains)
 
     def __getstate__(self) -> dict[str, Any]:
         # What a worker process needs: the arguments, not the per-run state.

@@ -1,16 +1,90 @@
-"""The divergence policy's reports: the error that stops a chain whose potential or gradient
-keeps being non-finite, naming the chain, the step and the site; and the warning about a chain
-that blew up while staying finite."""
+"""The divergence policy: which chains' SG steps were non-finite, and when a chain must stop
+(:class:`DivergencePolicy`); its reports: the error that stops a chain whose potential or
+gradient keeps being non-finite, naming the chain, the step and the site, and the warning about
+a chain that blew up while staying finite."""
 
 from __future__ import annotations
 
 import warnings
+from collections import deque
 
 import torch
 
 from pyro_flat.target.layout import FlatLayout
 
-__all__ = ["BLOW_UP_FACTOR", "divergence_message", "warn_if_blown_up"]
+__all__ = ["BLOW_UP_FACTOR", "DivergencePolicy", "divergence_message", "warn_if_blown_up"]
+
+
+class DivergencePolicy:
+    """The record of non-finite SG steps of ``num_chains`` chains (one for a single chain).
+
+    A chain whose potential or gradient is not finite skips its step (the kernel falls it back
+    to its last finite state); one that does so ``max_nonfinite_steps`` times within the last
+    ``2 * max_nonfinite_steps`` steps must stop (:meth:`record` names it). A draw is marked
+    diverging for the chains that skipped a step on the way to it.
+
+    Parameters
+    ----------
+    num_chains : int
+        Chains stepped together (1 for a single chain).
+    max_nonfinite_steps : int
+        Non-finite steps within twice as many steps that stop a chain.
+    """
+
+    def __init__(self, num_chains: int, max_nonfinite_steps: int):
+        self.max_nonfinite_steps = max_nonfinite_steps
+        #: The last ``2 * max_nonfinite_steps`` steps' non-finite chains (``None``: none).
+        self.recent: deque[torch.Tensor | None] = deque(maxlen=2 * max_nonfinite_steps)
+        #: Per chain: its non-finite steps among :attr:`recent`, and in a row until now.
+        self.num_recent = torch.zeros(num_chains, dtype=torch.long)
+        self.in_a_row = torch.zeros(num_chains, dtype=torch.long)
+        self._any_in_a_row = False
+        #: Per chain: whether it skipped a step on the way to the current draw.
+        self.diverged = torch.zeros(num_chains, dtype=torch.bool)
+        self._draw_diverged = False
+        #: Non-finite chain-steps of the run.
+        self.num_diverging = 0
+
+    def start_draw(self) -> None:
+        """A new draw: no chain has diverged on the way to it yet."""
+        if self._draw_diverged:
+            self.diverged.zero_()
+            self._draw_diverged = False
+
+    def diverged_in_draw(self) -> list[bool]:
+        """Per chain: whether it skipped a step on the way to the current draw."""
+        if self._draw_diverged:
+            return self.diverged.tolist()
+        return [False] * len(self.diverged)
+
+    def record(self, bad: torch.Tensor | None) -> int | None:
+        """After an SG step: ``bad`` marks the chains whose step was not finite (``None``: every
+        chain's was). Returns the first chain that must stop, or ``None``."""
+        recent = self.recent
+        if len(recent) == recent.maxlen and recent[0] is not None:
+            self.num_recent -= recent[0].long()
+        recent.append(bad)
+        if bad is None:
+            if self._any_in_a_row:
+                self.in_a_row.zero_()
+                self._any_in_a_row = False
+            return None
+        self._any_in_a_row = True
+        self.num_recent += bad.long()
+        self.diverged |= bad
+        self._draw_diverged = True
+        self.num_diverging += int(bad.sum())
+        self.in_a_row = torch.where(bad, self.in_a_row + 1, 0)
+        stopped = torch.nonzero(self.num_recent >= self.max_nonfinite_steps)
+        return int(stopped[0]) if len(stopped) else None
+
+    def message(self, layout: FlatLayout, position: torch.Tensor, grad: torch.Tensor, u: float,
+                step: int, chain: int, num_chains: int | None) -> str:
+        """:func:`divergence_message` of chain row ``chain`` (``num_chains``: ``None`` for a
+        single chain)."""
+        return divergence_message(layout, position, grad, u, step, int(self.num_recent[chain]),
+                                  len(self.recent), int(self.in_a_row[chain]),
+                                  None if num_chains is None else chain, num_chains)
 
 #: A draw whose gradient norm exceeds this multiple of the run's median raises a warning.
 BLOW_UP_FACTOR = 100.0
