@@ -36,12 +36,13 @@ from pyro_flat.infer.mcmc.arguments import (
 from pyro_flat.infer.mcmc.chains import ChainStreams, VectorizedPotential
 from pyro_flat.infer.mcmc.checkpoint import Checkpoints, state_fingerprint
 from pyro_flat.infer.mcmc.divergence import DivergencePolicy, warn_if_blown_up
+from pyro_flat.infer.mcmc.draw_layout import DrawLayout
 from pyro_flat.infer.mcmc.estimators import Estimate, MinibatchGradient
 from pyro_flat.infer.mcmc.friction import NoiseFriction
 from pyro_flat.infer.mcmc.recorder import DrawRecorder
 from pyro_flat.infer.mcmc.state import KernelState, StateField
 from pyro_flat.infer.mcmc.warmup import Warmup
-from pyro_flat.target.layout import FlatLayout, Site
+from pyro_flat.target.layout import FlatLayout
 from pyro_flat.target.minibatch import ChainMinibatches
 from pyro_flat.target.potential import ModelPotential
 from pyro_flat.target.target import Target
@@ -554,9 +555,12 @@ class SGMCMCKernel(MCMCKernel):
         self._step_stats: dict[str, Any] = {}
         #: During the update of vectorised chains: which chains take the step (``None``: all).
         self.active_chains: torch.Tensor | None = None
-        self._draw_layout = self._make_draw_layout()
-        self._last_flat = self._draw_state()
-        self._initial_params = self._draw_views(self._last_flat)
+        #: The sites of a draw and their values (:class:`~.draw_layout.DrawLayout`).
+        self.draw_layout = DrawLayout(layout, self.state.draw_fields(), k)
+        if self.model is not None:
+            self.transforms = self.draw_layout.transforms
+        self._last_flat = self.draw_layout.copy(self._z, self.state)
+        self._initial_params = self.draw_layout.views(self._last_flat)
         self._last_draw = self._initial_params
 
     def _chain_inits(self, given: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
@@ -580,60 +584,9 @@ class SGMCMCKernel(MCMCKernel):
         """The chain's current parameters: one flat, unconstrained tensor (see :attr:`layout`)."""
         return self._z
 
-    def _make_draw_layout(self) -> FlatLayout:
-        """The sites of a draw: the model's, then a copy for each field returned with draws."""
-        fields = self.state.draw_fields()
-        if not fields:
-            return self._layout
-        sites = list(self._layout.sites)
-        offset = self._layout.size
-        for f in fields:
-            for s in self._layout.sites:
-                sites.append(Site(s.name + f.draws_suffix, s.shape, offset, s.transform))
-                offset += s.numel
-        if self.model is not None:
-            self.transforms = {s.name: s.transform.inv for s in sites if s.transform}
-        return FlatLayout(sites)
-
-    def _draw_state(self) -> torch.Tensor:
-        """One flat copy of everything a draw returns."""
-        fields = self.state.draw_fields()
-        if not fields:
-            return self._z.detach().clone()
-        return torch.cat([self._z.detach()] + [getattr(self.state, f.name).detach()
-                                               for f in fields], dim=-1)
-
-    def _draw_views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        """A draw's sites as views of its flat copy (with a leading chain dimension for
-        vectorised chains)."""
-        if flat.dim() == 1:
-            return self._draw_layout.views(flat)
-        lead = flat.shape[:-1]
-        return {s.name: flat[..., s.offset : s.stop].view((*lead, *s.shape))
-                for s in self._draw_layout.sites}
-
-    def _flatten_draw(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
-        if self.vectorized_chains is None:
-            return self._layout.flatten(values)
-        k = self.vectorized_chains
-        return torch.stack([self._layout.flatten({n: v[c] for n, v in values.items()})
-                            for c in range(k)])
-
-    def _load_draw(self, params: dict[str, torch.Tensor]) -> None:
-        self._z.copy_(self._flatten_draw(params))
-        for f in self.state.draw_fields():
-            copy = getattr(self.state, f.name)
-            names = [s.name + f.draws_suffix for s in self._layout.sites]
-            if all(n in params for n in names):
-                copy.copy_(self._flatten_draw(
-                    {s.name: params[n] for s, n in zip(self._layout.sites, names, strict=True)}
-                ))
-            else:  # e.g. user-given initial values of the model's sites only
-                copy.copy_(self._z)
-
     def sample(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if params is not self._last_draw:
-            self._load_draw(params)
+            self.draw_layout.load(params, self._z, self.state)
         self.divergence.start_draw()
         self.warmup.at_draw_start()
         thinning = self.warmup.step_recorder()
@@ -644,8 +597,8 @@ class SGMCMCKernel(MCMCKernel):
         if self._draw >= self._warmup_steps:
             self._record_draw()
         self._draw += 1
-        self._last_flat = self._draw_state()
-        self._last_draw = self._draw_views(self._last_flat)
+        self._last_flat = self.draw_layout.copy(self._z, self.state)
+        self._last_draw = self.draw_layout.views(self._last_flat)
         return self._last_draw
 
     def logging(self) -> OrderedDict:
