@@ -268,3 +268,9 @@ def every_kernel(step_size: float) -> dict:
         "SASGLD": lambda m, **kw: SASGLD(m, eps, rho=0.01, **kw),
         "L2E": lambda m, **kw: L2E(m, eps, **kw),
     }
+
+
+def unconstrained(name: str) -> torch.Tensor:
+    """The unconstrained leaf tensor of Pyro's param ``name``, through the param store's public
+    ``named_parameters`` (tests that move or inspect a guide's raw parameters)."""
+    return dict(pyro.get_param_store().named_parameters())[name]

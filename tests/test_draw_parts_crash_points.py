@@ -251,3 +251,54 @@ def test_a_killed_part_resumes_from_its_committed_draws(
     got = open_draws(store).posterior
     for name in ("w", "b"):
         assert np.array_equal(got[name].values, reference[name]), name
+
+
+def _format_1_part(path: Path, num_draws: int) -> None:
+    """A part as format 1 wrote it: HDF5's earliest file format (not SWMR-capable), the run's
+    attributes as netCDF writes them (arrays of one element, a variable-length fingerprint)."""
+    import h5netcdf
+    import h5py
+
+    def earliest(p: Path, mode: str, **kwargs: Any) -> Any:
+        kwargs.pop("libver", None)
+        return h5py.File(p, mode, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(files, "_h5py_file", earliest)
+        files._write_layout(path, CHAINS, SITES, STATS, {"inference_library": "pyro"})
+    draws, stats, index = _block(0, num_draws)
+    with h5netcdf.File(path, "a") as file:
+        for group_name, values in (("posterior", draws), ("sample_stats", stats)):
+            group = file[group_name]
+            group.resize_dimension("draw", num_draws)
+            group["draw"][:] = index
+            for name, value in values.items():
+                group[name][:, :num_draws] = value
+        for key in files._run_attrs(0):
+            del file.attrs[key]
+        file.attrs.update({"pyro_flat_draws_format": 1, "num_draws": num_draws, "complete": 1,
+                           "next_draw": num_draws, "num_sg_steps": [50, 50],
+                           "state_fingerprint": "0123456789abcdef"})
+
+
+def test_a_format_1_part_opens_and_resumes_as_format_2(tmp_path: Path) -> None:
+    path = tmp_path / part_name(0)
+    _format_1_part(path, 5)
+    attrs = files.part_attrs(path)
+    assert attrs["pyro_flat_draws_format"] == 1 and attrs["num_draws"] == 5
+    assert attrs["state_fingerprint"] == "0123456789abcdef"
+    assert list(attrs["num_sg_steps"]) == [50, 50]
+    reference, _, _ = _block(0, 8)
+    assert np.array_equal(open_draws(tmp_path).posterior["b"].values, reference["b"][:, :5])
+    part = Part.open(path, SITES, STATS)  # rewritten in format 2, then appended to
+    draws, stats, index = _block(5, 3)
+    part.append(draws, stats, index)
+    part.flush()
+    part.close({"next_draw": 8}, complete=True)
+    attrs = files.part_attrs(path)
+    assert attrs["pyro_flat_draws_format"] == files.FORMAT_VERSION and attrs["num_draws"] == 8
+    assert attrs["next_draw"] == 8 and list(attrs["num_sg_steps"]) == [50, 50]
+    assert attrs["state_fingerprint"] == "0123456789abcdef"
+    got = open_draws(tmp_path).posterior
+    for name in ("w", "b"):
+        assert np.array_equal(got[name].values, reference[name]), name

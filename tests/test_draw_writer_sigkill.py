@@ -27,6 +27,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -167,3 +168,29 @@ def test_a_run_killed_before_its_first_block_leaves_a_store_that_opens(tmp_path:
     with pytest.warns(RuntimeWarning, match="did not finish"):
         draws = _draws(store)
     assert draws.shape == (2, 0, 3)
+
+
+def test_a_store_opens_in_another_process_while_it_is_written(tmp_path: Path) -> None:
+    """A reader in another process opens the store while the run is writing it (HDF5's SWMR
+    readers) and gets the draws committed so far: a bitwise prefix of the finished run's. (A
+    part of format 1 was locked by its writer: ``BlockingIOError``.)"""
+    child = tmp_path / "child.py"
+    child.write_text(CHILD)
+    store = tmp_path / "store"
+    proc = subprocess.Popen([sys.executable, str(child), str(store), "5", "first",
+                             str(tmp_path / "unused.pt"), str(DRAWS)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    seen, printed = None, -1
+    for line in proc.stdout:
+        if line.strip().isdigit() and int(line) >= 100:
+            printed = int(line)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # the run has not finished
+                seen = _draws(store)
+            break
+    proc.communicate()
+    assert proc.returncode == 0 and seen is not None
+    final = _draws(store)
+    assert final.shape[1] == DRAWS
+    assert seen.shape[1] >= printed + 1 - 5 - 1  # all but the last block and waiting draw
+    assert np.array_equal(seen, final[:, :seen.shape[1]])

@@ -9,6 +9,7 @@ import pyro.distributions as dist
 import pytest
 import torch
 import torch.nn.functional as F
+from harness import unconstrained
 from pyro import poutine
 from pyro.infer import Trace_ELBO
 from pyro.infer.autoguide import AutoDiagonalNormal, AutoNormal
@@ -50,7 +51,7 @@ def nll_and_grad(model, guide, x, y, lrt):
     guide_trace = poutine.trace(guide).get_trace(x, y)
     trace = poutine.trace(poutine.replay(model, guide_trace)).get_trace(x, y)
     nll = -trace.nodes["y"]["fn"].log_prob(trace.nodes["y"]["value"]).sum()
-    loc = pyro.get_param_store()._params["AutoNormal.locs.weight"]
+    loc = unconstrained("AutoNormal.locs.weight")
     (grad,) = torch.autograd.grad(nll, [loc])
     return float(nll.detach()), grad.flatten()
 
@@ -131,10 +132,10 @@ def test_sharpness_aware_lrt_replays_the_noise(rho):
     grads = {}
     for name, elbo in (("trace", Trace_ELBO()), ("sa", SharpnessAwareELBO(rho=rho))):
         for k in store.keys():
-            store._params[k].grad = None
+            unconstrained(k).grad = None
         pyro.set_rng_seed(5)
         elbo.loss_and_grads(lrt.model(model), lrt.guide(guide), x, y)
-        grads[name] = {k: store._params[k].grad.clone() for k in store.keys()}
+        grads[name] = {k: unconstrained(k).grad.clone() for k in store.keys()}
     for k in grads["trace"]:
         assert torch.allclose(grads["sa"][k], grads["trace"][k], rtol=1e-6, atol=1e-8), k
 
@@ -147,10 +148,10 @@ def test_sharpness_aware_lrt_moves_the_means_it_perturbs():
     out = {}
     for rho in (0.0, 0.1):
         for k in store.keys():
-            store._params[k].grad = None
+            unconstrained(k).grad = None
         pyro.set_rng_seed(5)
         SharpnessAwareELBO(rho=rho).loss_and_grads(lrt.model(model), lrt.guide(guide), x, y)
-        out[rho] = store._params["AutoNormal.locs.weight"].grad.clone()
+        out[rho] = unconstrained("AutoNormal.locs.weight").grad.clone()
     assert not torch.allclose(out[0.0], out[0.1])
 
 
@@ -166,10 +167,10 @@ def test_guides_without_per_weight_normals_run_unchanged():
     for lrt in (None, LocalReparameterization()):
         m, g = (model, guide) if lrt is None else (lrt.model(model), lrt.guide(guide))
         for k in store.keys():
-            store._params[k].grad = None
+            unconstrained(k).grad = None
         pyro.set_rng_seed(3)
         Trace_ELBO().loss_and_grads(m, g, x, y)
-        grads.append({k: store._params[k].grad.clone() for k in store.keys()})
+        grads.append({k: unconstrained(k).grad.clone() for k in store.keys()})
     for k in grads[0]:
         assert torch.equal(grads[0][k], grads[1][k])
     assert all(getattr(F, n) is f for n, f in ORIGINAL.items())  # restored after the calls

@@ -7,6 +7,7 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from harness import unconstrained
 from pyro.infer import SVI, Trace_ELBO
 from pyro.infer.autoguide import (
     AutoDelta,
@@ -49,7 +50,7 @@ def make_guide(kind, model, *args):
     store = pyro.get_param_store()
     with torch.no_grad():  # move them off their symmetric initial values
         for name in store.keys():
-            store._params[name].add_(0.1 * torch.randn_like(store._params[name]))
+            unconstrained(name).add_(0.1 * torch.randn_like(unconstrained(name)))
     return guide
 
 
@@ -64,11 +65,11 @@ def regression_data(n=50, d=2, dtype=torch.float64):
 def loss_and_grads(elbo, model, guide, *args, seed=7):
     store = pyro.get_param_store()
     for name in store.keys():
-        store._params[name].grad = None
+        unconstrained(name).grad = None
     pyro.set_rng_seed(seed)
     loss = elbo.loss_and_grads(model, guide, *args)
     after = torch.rand(1)  # the random stream after the call
-    return loss, {k: store._params[k].grad.clone() for k in store.keys()}, after
+    return loss, {k: unconstrained(k).grad.clone() for k in store.keys()}, after
 
 
 GUIDES = ["AutoNormal", "AutoDiagonalNormal", "handwritten"]
@@ -163,7 +164,7 @@ def test_ascent_step_has_the_closed_form_direction_and_length(kind, geometry, ra
     store = pyro.get_param_store()
     loc_name, scale_name = MEAN_AND_SCALE[kind]
     with torch.no_grad():
-        store._params[loc_name].add_(torch.tensor([0.5, -0.3, 0.2], dtype=torch.float64))
+        unconstrained(loc_name).add_(torch.tensor([0.5, -0.3, 0.2], dtype=torch.float64))
     mu = store[loc_name].detach().clone()
     sigma = store[scale_name].detach().clone()
     # the guide's noise z at the seed the losses use (the guide runs first in Trace_ELBO)
@@ -188,8 +189,8 @@ def test_ascent_step_has_the_closed_form_direction_and_length(kind, geometry, ra
     norm = d if radius == "metric" else torch.ones_like(d)
     assert float(torch.sqrt(e_seen @ (e_seen / norm))) == pytest.approx(rho, rel=1e-9)
     # the scale takes its gradient at mu' (Danskin): d/dsigma = z * H(mu' + sigma z - m) - 1/sigma
-    raw = store._params[scale_name]
-    to_sigma = torch.distributions.transform_to(store._constraints[scale_name])
+    raw = unconstrained(scale_name)
+    to_sigma = torch.distributions.transform_to(store.get_state()["constraints"][scale_name])
     dsigma_du = torch.autograd.functional.jacobian(to_sigma, raw.detach()).diagonal()
     expected = (z * (h @ (mu + e + sigma * z - m)) - 1.0 / sigma) * dsigma_du
     assert torch.allclose(g1[scale_name], expected, atol=1e-9)
@@ -271,7 +272,7 @@ def test_autodelta_map_step_equals_a_sam_step():
     pyro.set_rng_seed(0)
     guide(x, y)
     store = pyro.get_param_store()
-    start = {k: store._params[k].detach().clone() for k in store.keys()}
+    start = {k: unconstrained(k).detach().clone() for k in store.keys()}
     # SAM in a plain torch loop on the same loss, -log p(theta, y), in the unconstrained space
     theta = {k: v.clone().requires_grad_() for k, v in start.items()}
     opt = SAM(list(theta.values()), torch.optim.SGD, rho=rho, lr=lr)
@@ -280,7 +281,7 @@ def test_autodelta_map_step_equals_a_sam_step():
         opt.zero_grad()
         w = theta["AutoDelta.w"]
         s_raw = theta["AutoDelta.s"]
-        s = torch.distributions.transform_to(store._constraints["AutoDelta.s"])(s_raw)
+        s = torch.distributions.transform_to(store.get_state()["constraints"]["AutoDelta.s"])(s_raw)
         data = {"w": w, "s": s}
         loss = -pyro.poutine.trace(pyro.poutine.condition(model, data)).get_trace(
             x, y).log_prob_sum()
@@ -292,8 +293,8 @@ def test_autodelta_map_step_equals_a_sam_step():
         opt.step(closure)
         svi.step(x, y)
     for k in start:
-        assert not torch.equal(store._params[k].detach(), start[k])
-        assert torch.allclose(store._params[k].detach(), theta[k].detach(), atol=1e-12), k
+        assert not torch.equal(unconstrained(k).detach(), start[k])
+        assert torch.allclose(unconstrained(k).detach(), theta[k].detach(), atol=1e-12), k
 
 
 # ------------------------------------------------------------------------ the rule, BN, input
@@ -410,16 +411,16 @@ def test_low_rank_guide_warns_what_really_happens_the_sharpness_aware_step():
     guide = AutoLowRankMultivariateNormal(regression_model, rank=1, init_scale=0.3)
     pyro.set_rng_seed(123)
     guide(x, y)
-    store, loc = pyro.get_param_store(), "AutoLowRankMultivariateNormal.loc"
+    loc = "AutoLowRankMultivariateNormal.loc"
     with torch.no_grad():
-        store._params[loc].add_(torch.tensor([0.3, -0.2]))
+        unconstrained(loc).add_(torch.tensor([0.3, -0.2]))
     at_mu = loss_and_grads(Trace_ELBO(), regression_model, guide, x, y)
     rho, g = 0.1, at_mu[1][loc]
     with torch.no_grad():
-        store._params[loc].add_(rho * g / g.norm())
+        unconstrained(loc).add_(rho * g / g.norm())
     moved = loss_and_grads(Trace_ELBO(), regression_model, guide, x, y)
     with torch.no_grad():
-        store._params[loc].sub_(rho * g / g.norm())
+        unconstrained(loc).sub_(rho * g / g.norm())
     with pytest.warns(UserWarning) as record:
         got = loss_and_grads(SharpnessAwareELBO(rho=rho), regression_model, guide, x, y)
     (message,) = [str(w.message) for w in record]
