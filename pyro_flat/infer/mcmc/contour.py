@@ -300,18 +300,19 @@ class ContourSGLD(SGMCMCKernel):
     def state_fields(self) -> tuple[StateField, ...]:
         """The chain's state: the learned energy PDF ``g`` (``energy_pdf``), the SA step count,
         the bins (placed at the end of warmup with ``auto_bins``), the warmup energies that
-        place them, and the count of steps ``bounds`` rejected. With vectorised chains ``g``
-        has a leading dimension ``K`` and the others are lists, one value per chain."""
-        k = self.vectorized_chains
+        place them, and the count of steps ``bounds`` rejected. One row per chain (a single
+        chain is one): ``g`` is ``(rows, m)``, the others are lists of one Python value per
+        chain."""
+        rows = self.vectorized_chains or 1
 
         def per_chain(value: Any) -> Any:
-            return value if k is None else [value] * k  # one Python number per chain
+            return [value] * rows
 
         fields = [
             NOISE,
             StateField("step_grad", "buffer for the multiplied gradient the step moves with",
                        init="scratch"),
-            StateField("energy_pdf", "g, the learned energy PDF, (m,) or (K, m)",
+            StateField("energy_pdf", "g, the learned energy PDF, (rows, m)",
                        init=self._initial_energy_pdf),
             StateField("num_sa_updates", "SA updates of g so far",
                        init=lambda state: per_chain(0)),
@@ -320,7 +321,7 @@ class ContourSGLD(SGMCMCKernel):
             StateField("bin_width", "the bin width (None until auto_bins places it)",
                        init=lambda state: per_chain(self._bins_given[1])),
             StateField("warmup_energies", "energies of warmup, for auto_bins",
-                       init=lambda state: [] if k is None else [[] for _ in range(k)]),
+                       init=lambda state: [[] for _ in range(rows)]),
             StateField("num_rejected", "SG steps rejected by bounds",
                        init=lambda state: per_chain(0)),
         ]
@@ -333,7 +334,7 @@ class ContourSGLD(SGMCMCKernel):
         self._check_start(state.position)
         g = torch.arange(self.num_bins, 0, -1, dtype=torch.float64)
         g = g / g.sum()
-        return g if self.vectorized_chains is None else g.repeat(self.vectorized_chains, 1)
+        return g.repeat(self.vectorized_chains or 1, 1)
 
     def _check_start(self, z: torch.Tensor) -> None:
         if self.bounds is None:
@@ -351,13 +352,10 @@ class ContourSGLD(SGMCMCKernel):
                     "there would be rejected. Start inside the box or widen it"
                 )
 
-    def _chain_values(self, name: str) -> list[Any]:
-        """A per-chain part of the state as one Python value per chain."""
-        value = getattr(self.state, name)
-        return [value] if self.vectorized_chains is None else value
-
-    def _set_chain_values(self, name: str, values: list[Any]) -> None:
-        setattr(self.state, name, values[0] if self.vectorized_chains is None else values)
+    def _outward(self, rows: Any) -> Any:
+        """Per-chain values as users see them: the rows of vectorised chains, a single chain's
+        one row."""
+        return rows if self.vectorized_chains is not None else rows[0]
 
     @property
     def min_energy(self) -> float | list[float] | None:
@@ -365,16 +363,14 @@ class ContourSGLD(SGMCMCKernel):
         ``auto_bins``; a list, one per chain, for vectorised chains), or the one given."""
         if self.state is None:
             return self._bins_given[0]
-        values = self._chain_values("min_energy")
-        return values if self.vectorized_chains is not None else values[0]
+        return self._outward(self.state.min_energy)
 
     @property
     def bin_width(self) -> float | list[float] | None:
         """The bin width: the chain's (a list for vectorised chains), or the one given."""
         if self.state is None:
             return self._bins_given[1]
-        values = self._chain_values("bin_width")
-        return values if self.vectorized_chains is not None else values[0]
+        return self._outward(self.state.bin_width)
 
     @property
     def _g(self) -> torch.Tensor:
@@ -384,8 +380,7 @@ class ContourSGLD(SGMCMCKernel):
     def num_rejected(self) -> int | list[int]:
         """SG steps rejected by ``bounds`` in this chain (a list for vectorised chains);
         continues across a resume."""
-        values = self._chain_values("num_rejected")
-        return values if self.vectorized_chains is not None else values[0]
+        return self._outward(self.state.num_rejected)
 
     @property
     def bins_fixed(self) -> bool:
@@ -394,8 +389,7 @@ class ContourSGLD(SGMCMCKernel):
             return self._bins_given[1] is not None
         if getattr(self, "_bins_placed_in", None) is self.state:
             return True
-        width = self.state.bin_width
-        placed = (width if self.vectorized_chains is None else width[0]) is not None
+        placed = self.state.bin_width[0] is not None
         if placed:  # bins never move once placed
             self._bins_placed_in = self.state
         return placed
@@ -407,16 +401,16 @@ class ContourSGLD(SGMCMCKernel):
         if not self.bins_fixed:
             raise RuntimeError("the energy bins are placed at the end of warmup (auto_bins)")
         i = torch.arange(self.num_bins + 1, dtype=torch.float64)
-        if self.state is None or self.vectorized_chains is None:
+        if self.state is None:
             return self.min_energy + self.bin_width * i
-        lo = torch.tensor(self.min_energy, dtype=torch.float64).unsqueeze(1)
-        return lo + torch.tensor(self.bin_width, dtype=torch.float64).unsqueeze(1) * i
+        lo = torch.tensor(self.state.min_energy, dtype=torch.float64).unsqueeze(1)
+        return self._outward(lo + torch.tensor(self.state.bin_width,
+                                               dtype=torch.float64).unsqueeze(1) * i)
 
     def _fix_bins(self) -> None:
         """Place each chain's bins from the finite energies it saw in warmup."""
         lows, widths = [], []
-        energies = self._chain_values("warmup_energies") if self.vectorized_chains is not None \
-            else [self.state.warmup_energies]
+        energies = self.state.warmup_energies
         for chain_energies in energies:
             u = [x for x in chain_energies if math.isfinite(x)]
             if not u:
@@ -426,22 +420,17 @@ class ContourSGLD(SGMCMCKernel):
             r = max(hi - lo, 1e-6 * max(abs(lo), 1.0))
             lows.append(lo - AUTO_MARGIN_BELOW * r)
             widths.append((1 + AUTO_MARGIN_BELOW + AUTO_MARGIN_ABOVE) * r / self.num_bins)
-        self._set_chain_values("min_energy", lows)
-        self._set_chain_values("bin_width", widths)
-        self.state.warmup_energies = [] if self.vectorized_chains is None else [
-            [] for _ in energies]
+        self.state.min_energy, self.state.bin_width = lows, widths
+        self.state.warmup_energies = [[] for _ in energies]
 
     def _observe_energies(self, energies: list[float], active: list[bool]) -> None:
         """With ``auto_bins``: keep warmup energies, place the bins at the first step after."""
         if not self.auto_bins or self.bins_fixed:
             return
         if self.in_warmup:
-            if self.vectorized_chains is None:
-                self.state.warmup_energies.append(energies[0])
-            else:
-                for kept, u, ok in zip(self.state.warmup_energies, energies, active, strict=True):
-                    if ok:
-                        kept.append(u)
+            for kept, u, ok in zip(self.state.warmup_energies, energies, active, strict=True):
+                if ok:
+                    kept.append(u)
         else:
             self._fix_bins()
 
@@ -452,10 +441,10 @@ class ContourSGLD(SGMCMCKernel):
         return _bin(u, lo, width, self.num_bins)
 
     def _bin_tensors(self) -> tuple[Any, Any]:
-        """The bins' lower edges and widths: floats, or ``(K,)`` tensors for vectorised
-        chains."""
+        """The bins' lower edges and widths: floats for a single chain, ``(K,)`` tensors for
+        vectorised chains (one row each)."""
         if self.state is None or self.vectorized_chains is None:
-            return self.min_energy, self.bin_width
+            return self._bins(None)
         lows, widths = self.state.min_energy, self.state.bin_width
         cached = getattr(self, "_bin_tensors_of", None)
         if cached is None or cached[0] is not lows or cached[1] is not widths:
@@ -465,9 +454,10 @@ class ContourSGLD(SGMCMCKernel):
         return cached[2], cached[3]
 
     def _bins(self, chain: int | None) -> tuple[float, float]:
-        if chain is None or self.state is None or self.vectorized_chains is None:
+        if self.state is None:
             return self.min_energy, self.bin_width
-        return self.min_energy[chain], self.bin_width[chain]
+        row = 0 if chain is None else chain
+        return self.state.min_energy[row], self.state.bin_width[row]
 
     # ------------------------------------------------------------------ the step
 
@@ -476,7 +466,7 @@ class ContourSGLD(SGMCMCKernel):
         ``chain``, for vectorised chains)."""
         if self.zeta == 0.0:
             return 1.0
-        g = self._g if chain is None else self._g[chain]
+        g = self._g[0 if chain is None else chain]
         jm = max(j, 1)
         return self._multiplier_of_slope(
             (math.log(g[jm]) - math.log(g[jm - 1])) / self._bins(chain)[1])
@@ -547,11 +537,10 @@ class ContourSGLD(SGMCMCKernel):
             outside = ~((z >= self.bounds[0]) & (z <= self.bounds[1])).all(-1)
             if bool(outside.any()):
                 z.copy_(torch.where(outside.unsqueeze(-1), state.before, z))
-                rejected = self._chain_values("num_rejected")
                 flags = outside.reshape(-1).tolist()
-                self._set_chain_values("num_rejected", [
+                self.state.num_rejected = [
                     n + int(out and (active is None or active[c]))
-                    for c, (n, out) in enumerate(zip(rejected, flags, strict=True))])
+                    for c, (n, out) in enumerate(zip(self.state.num_rejected, flags, strict=True))]
 
     def _sa_step(self, energy: torch.Tensor, active: list[bool] | None) -> list[float]:
         """The SA update of each active chain's ``g`` with its energy; returns each chain's
@@ -559,14 +548,14 @@ class ContourSGLD(SGMCMCKernel):
         multiplier's inputs are tensor operations over the chains (whose float64 arithmetic is
         Python's); the powers and logarithms are Python's, chain by chain, so that one chain
         computes exactly what it always has."""
-        g = self.state.energy_pdf.view(-1, self.num_bins)
+        g = self.state.energy_pdf
         u = energy.double().reshape(-1)
         if active is not None:  # a chain that skips the step may have a non-finite energy
             u = torch.where(torch.tensor(active), u, 0.0)
         j = self.bins_of(u)
         counts = [n + 1 if active is None or active[c] else n
-                  for c, n in enumerate(self._chain_values("num_sa_updates"))]
-        self._set_chain_values("num_sa_updates", counts)
+                  for c, n in enumerate(self.state.num_sa_updates)]
+        self.state.num_sa_updates = counts
         omega = {n: self.sa_step_size(n) for n in set(counts)}
         rows = torch.arange(len(counts))
         gains = [omega[n] * gj ** self.sa_power for n, gj in zip(counts, g[rows, j].tolist(),
@@ -579,7 +568,7 @@ class ContourSGLD(SGMCMCKernel):
         if self.zeta == 0.0:
             return [1.0] * len(counts)
         jm = j.clamp(min=1)
-        widths = self._chain_values("bin_width")
+        widths = self.state.bin_width
         mults = [self._multiplier_of_slope((math.log(hi) - math.log(lo)) / w)
                  for hi, lo, w in zip(g[rows, jm].tolist(), g[rows, jm - 1].tolist(), widths,
                                       strict=True)]
@@ -616,36 +605,23 @@ class ContourSGLD(SGMCMCKernel):
         update that uses this energy (lists, one per chain, for vectorised chains)."""
         if self.auto_bins and not self.bins_fixed and not self.in_warmup:
             self._fix_bins()
-        if self.vectorized_chains is not None:
-            return self._statistics_chains(torch.tensor(energy, dtype=torch.float64))
-        u = energy
-        stats: dict[str, Any] = {"energy": u}
-        if math.isfinite(u) and self.bins_fixed:
-            j = self.bin_of(u)
-            stats["energy_bin"] = j
-            stats["log_weight"] = float(self.log_weight(self._g, torch.tensor(u),
-                                                        torch.tensor(j)))
-        else:  # a non-finite energy gets no weight
-            stats["log_weight"] = -math.inf
-        return stats
-
-    def _statistics_chains(self, u: torch.Tensor) -> dict[str, Any]:
+        u = torch.tensor(energy, dtype=torch.float64).reshape(-1)
         finite = torch.isfinite(u)
         stats: dict[str, Any] = {"energy": u.tolist()}
         if not self.bins_fixed:
-            stats["log_weight"] = [-math.inf] * len(u)
-            return stats
-        j = self.bins_of(torch.where(finite, u, 0.0))
-        weight = self.log_weight(self._g, torch.where(finite, u, 0.0), j)
-        stats["energy_bin"] = torch.where(finite, j, -1).tolist()
-        stats["log_weight"] = torch.where(finite, weight, -math.inf).tolist()
-        return stats
+            stats["log_weight"] = [-math.inf] * len(u)  # no weights before the bins are placed
+        else:
+            j = self.bins_of(torch.where(finite, u, 0.0))
+            weight = self.log_weight(self._g, torch.where(finite, u, 0.0), j)
+            stats["energy_bin"] = torch.where(finite, j, -1).tolist()
+            stats["log_weight"] = torch.where(finite, weight, -math.inf).tolist()
+        return {name: self._outward(rows) for name, rows in stats.items()}
 
     def diagnostics(self) -> dict[str, Any]:
         out = super().diagnostics()
-        out["energy_pdf"] = self._g.clone()
+        out["energy_pdf"] = self._outward(self._g.clone())
         out["energy_edges"] = self.energy_edges if self.bins_fixed else None
-        out["num_sa_updates"] = self.state.num_sa_updates
+        out["num_sa_updates"] = self._outward(self.state.num_sa_updates)
         out["num_rejected"] = self.num_rejected
         out.update(self._weights_ess(out["sample_stats"]
                                      or self.recorder.tensors(["log_weight"])))

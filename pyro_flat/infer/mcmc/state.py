@@ -129,11 +129,14 @@ class KernelState:
 
     def load(self, saved: Mapping[str, Any]) -> None:
         """Restore what :meth:`checkpoint` returned (tensors are copied into place). A field
-        the checkpoint lacks (one a later version added) keeps its initial value."""
+        the checkpoint lacks (one a later version added) keeps its initial value; a field a
+        single chain saved without its row of one (ContourSGLD before one chain was one row)
+        loads into that row."""
         for f in self.fields:
             if not f.persistent or f.name not in saved:
                 continue
-            value, current = saved[f.name], getattr(self, f.name)
+            current = getattr(self, f.name)
+            value = _as_rows(saved[f.name], current)
             if torch.is_tensor(current) and torch.is_tensor(value):
                 if value.shape != current.shape:
                     raise ValueError(f"saved state field {f.name!r} has shape "
@@ -158,4 +161,23 @@ def _copy(value: Any) -> Any:
         return value.detach().clone()
     if isinstance(value, list):
         return list(value)
+    return value
+
+
+def _depth(value: Any) -> int:
+    """How many lists ``value`` is nested in (by its first elements)."""
+    if not isinstance(value, list):
+        return 0
+    return 1 + (_depth(value[0]) if value else 0)
+
+
+def _as_rows(value: Any, current: Any) -> Any:
+    """``value`` as the one row of ``current`` when ``current`` has one row and ``value`` is
+    that row's content (a tensor without the leading dimension, a list level less)."""
+    if torch.is_tensor(current) and torch.is_tensor(value):
+        if current.dim() == value.dim() + 1 and current.shape == (1, *value.shape):
+            return value.unsqueeze(0)
+        return value
+    if isinstance(current, list) and len(current) == 1 and _depth(value) == _depth(current) - 1:
+        return [value]
     return value

@@ -3,6 +3,7 @@ one potential, and the toys of ALGORITHMS.md §2: the kernel against a plain loo
 the nine-mode toy A (one chain and K chains), toy A's reweighted estimates and learned energy
 PDF, and toy B's reweighted mode masses where SGLD stays in one mode."""
 
+import copy
 import math
 import warnings
 
@@ -114,6 +115,38 @@ def test_resume_continues_the_chain_and_g():
     assert resumed.bin_width == whole.kernel.bin_width > 0
 
 
+def test_a_single_chains_checkpoint_from_before_one_row_resumes_the_same():
+    """A single chain's checkpoint written before one chain was one row holds ``g`` as
+    ``(m,)`` and its per-chain values without their list: it loads into the chain's row and
+    continues bitwise as the checkpoint of today does."""
+    x, y = harness.linear_regression_data()
+
+    def kernel():
+        model = harness.BayesianLinearRegression(2, 2.0, 1.0, batch_size=64)
+        return ContourSGLD(model, step_size=1e-4, num_bins=6, auto_bins=True, zeta=1.0,
+                           num_steps_per_sample=2)
+
+    state = harness.run(kernel(), 10, 4, 3, x, y).kernel.state_dict()
+    before = copy.deepcopy(state)
+    fields = before["kernel_state"]
+    assert fields["energy_pdf"].shape == (1, 6)
+    fields["energy_pdf"] = fields["energy_pdf"][0]
+    unwrapped = [name for name, value in fields.items() if isinstance(value, list)]
+    assert {"num_sa_updates", "min_energy", "bin_width", "num_rejected"} <= set(unwrapped)
+    for name in unwrapped:
+        assert len(fields[name]) == 1, name
+        fields[name] = fields[name][0]
+    runs = []
+    for saved in (state, before):
+        resumed = kernel()
+        resumed.load_state_dict(saved)
+        runs.append(harness.run(resumed, 10, 0, 99, x, y))
+    for site, values in runs[0].get_samples().items():
+        assert torch.equal(values, runs[1].get_samples()[site]), site
+    assert torch.equal(kernel_diagnostics(runs[0])[0]["energy_pdf"],
+                       kernel_diagnostics(runs[1])[0]["energy_pdf"])
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(num_bins=1), "num_bins must be an integer >= 2"),
     (dict(bin_width=0.0), r"bin_width must be a finite number in \(0, inf\)"),
@@ -222,7 +255,7 @@ def test_toy_a_matches_a_plain_reference():
             x = proposal
         else:
             rejected += 1
-        assert torch.equal(g_kernel, g), step
+        assert torch.equal(g_kernel[0], g), step  # the chain's one row
         assert torch.allclose(x_kernel, x, rtol=0, atol=1e-12), step
     assert rejected == k.num_rejected > 0
 
@@ -488,8 +521,8 @@ def test_log_weight_integrates_the_multiplier():
     for clip in (None, (0.2, 1.4)):
         k = ContourSGLD(lambda: None, step_size=1e-3, num_bins=5, bin_width=2.0,
                         min_energy=1.0, zeta=1.5, temperature=2.0, multiplier_clip=clip)
-        with_fresh_state(k).state.energy_pdf = torch.tensor([0.1, 0.4, 0.2, 0.25, 0.05],
-                                                            dtype=torch.float64)
+        with_fresh_state(k).state.energy_pdf = torch.tensor([[0.1, 0.4, 0.2, 0.25, 0.05]],
+                                                            dtype=torch.float64)  # one row
         e1 = 3.0
         for u in (-4.0, 1.0, 2.3, 3.0, 6.1, 10.9, 14.0):
             grid = torch.linspace(e1, u, 20001, dtype=torch.float64)
@@ -497,14 +530,15 @@ def test_log_weight_integrates_the_multiplier():
                                    for v in grid])
             integral = float(torch.trapezoid(slopes, grid))
             expected = 1.5 * (math.log(0.1) + integral)
-            got = float(k.log_weight(k.state.energy_pdf, torch.tensor(u),
+            got = float(k.log_weight(k.state.energy_pdf[0], torch.tensor(u),
                                      torch.tensor(k.bin_of(u))))
             assert got == pytest.approx(expected, abs=2e-3), (clip, u)
         if clip is None:  # at the lower edge of bin J: zeta log g[J - 1]
             for j in range(1, 5):
                 u = torch.tensor(1.0 + 2.0 * j)
-                assert float(k.log_weight(k.state.energy_pdf, u, torch.tensor(j))) == pytest.approx(
-                    1.5 * math.log(float(k.state.energy_pdf[j - 1])))
+                g = k.state.energy_pdf[0]
+                assert float(k.log_weight(g, u, torch.tensor(j))) == pytest.approx(
+                    1.5 * math.log(float(g[j - 1])))
 
 
 ASYM_LEFT, ASYM_MU, ASYM_SD, ASYM_GRAD_NOISE = 0.25, 2.2, 0.5, 0.5
