@@ -15,7 +15,9 @@ the same way.
 The format-1 parts written before (no single-writer mode, root attributes rewritten at every
 flush) failed this: of the 129 cuts from the first commit on, 12 left a file that does not open
 (``KeyError``: HDF5 had written an object header that points to blocks it had not written yet),
-the fault a randomly timed ``kill -9`` of ``tests/test_draw_writer_sigkill.py`` once hit.
+the fault a randomly timed ``kill -9`` of ``tests/test_draw_writer_sigkill.py`` once hit, and 6
+more opened, with that writer's reader, with fewer draws than committed or other values
+(``benchmarks/draw_crash_points.py --tree <format-1 checkout>``).
 """
 
 from __future__ import annotations
