@@ -407,9 +407,11 @@ def open_draws(path: str | Path) -> Any:
     the kernels' per-draw statistics (``lp``, ``step_size``, ``grad_norm``, ``diverging`` and
     the kernel's own, e.g. ContourSGLD's ``log_weight``), as :func:`pyro_flat.to_arviz` gives
     them; the groups carry the same attributes (``inference_library``, ``pyro_flat_kernel``,
-    ``num_sg_steps`` per chain). The variables are read from disk when used: a store of one
-    part (one process wrote it, e.g. ``vectorized_chains=K``) opens lazily; several parts open
-    lazily when ``dask`` is installed, else they are read into memory to be joined.
+    ``num_sg_steps`` per chain). A part whose run is still writing it, or whose writer was
+    killed, opens too, with the draws committed so far. The variables are read from disk when
+    used: a store of one part (one process wrote it, e.g. ``vectorized_chains=K``) opens
+    lazily; several parts open lazily when ``dask`` is installed, else they are read into
+    memory to be joined.
 
     Parameters
     ----------

@@ -34,6 +34,9 @@ class DrawWriter:
     ``MCMC(..., save_params=[...])``, which tells Pyro's driver which sites to keep in memory
     (``[]``: none), the draws need not fit in memory: the writer holds one block. Open the
     result with :func:`pyro_flat.open_draws` (the layout is in :mod:`pyro_flat.draws.files`).
+    Each block is committed to disk once written: a process killed at any moment, even with
+    ``SIGKILL``, leaves a store that opens with every draw but those of the block in progress,
+    and ``open_draws`` also opens a store while its run writes it, from any process.
 
     Constant memory: with ``save_params=[]``, every statistic written (``stats=True``) and
     ``thin=1``, the writer also *releases* the statistics it has written from the kernel's
