@@ -62,6 +62,10 @@ def _site_dims(name: str, shape: tuple[int, ...]) -> tuple[str, ...]:
     return tuple(f"{name}_dim_{i}" for i in range(len(shape)))
 
 
+#: The root attributes that say where a run ended, written when its part is closed.
+RUN_END = ("next_draw", "num_sg_steps", "state_fingerprint")
+
+
 def _run_attrs(num_chains: int) -> dict[str, Any]:
     """The root attributes a run updates, at their "not yet written" values. They are created
     with the part, so that writing them later changes values in place, never the file's
@@ -227,7 +231,7 @@ class Part:
         except OSError:  # marked as still open by a writer that was killed
             part = None
         if part is None:
-            _rewrite(path, None)
+            _rewrite(path)
             part = cls._for_writing(path)
         _set_in_place(part.file.attrs, "complete", 0)
         return part
@@ -287,8 +291,8 @@ class Part:
         try:
             stored = self.file.attrs
             for key, value in dict(attrs or {}).items():
-                if key not in _run_attrs(0):
-                    raise ValueError(f"a part's run attributes are {sorted(_run_attrs(0))}, "
+                if key not in RUN_END:
+                    raise ValueError(f"a part's end-of-run attributes are {list(RUN_END)}, "
                                      f"not {key!r}")
                 _set_in_place(stored, key, value)
             _set_in_place(stored, "complete", int(complete))
@@ -329,17 +333,16 @@ def _replace_atomically(path: Path, write: Any) -> None:
         raise
 
 
-def _rewrite(path: Path, num_draws: int | None) -> None:
-    """Replace the part at ``path`` with a fresh file holding its first ``num_draws`` committed
-    draws (all when ``None``) and its attributes."""
+def _rewrite(path: Path) -> None:
+    """Replace the part at ``path`` with a fresh file holding its committed draws and its
+    attributes, copied a chunk of draws at a time (the draws need not fit in memory)."""
     with open_for_reading(path) as old:
         sites, stats = _layout_of(old)
-        keep = _committed(old) if num_draws is None else min(num_draws, _committed(old))
+        keep = _committed(old)
         attrs = {k: v for k, v in old.attrs.items()
                  if k not in _run_attrs(0) and k not in ("pyro_flat_draws_format",
                                                          "_NCProperties")}
-        run = {k: v for k, v in _readable_attrs(old.attrs).items()
-               if k in ("next_draw", "num_sg_steps", "state_fingerprint")}
+        run = {k: v for k, v in _readable_attrs(old.attrs).items() if k in RUN_END}
         chains = np.asarray(old["posterior"]["chain"][:])
 
         def write(temporary: Path) -> None:
@@ -351,7 +354,11 @@ def _rewrite(path: Path, num_draws: int | None) -> None:
                     target["draw"][:] = source["draw"][:keep]
                     for name, ds in _variables(source).items():
                         target[name].resize(keep, axis=1)
-                        target[name][...] = ds[:, :keep]
+                        per_draw = int(np.prod((ds.shape[0], *ds.shape[2:]))) * ds.dtype.itemsize
+                        step = max(1, CHUNK_BYTES // max(1, per_draw))
+                        for start in range(0, keep, step):
+                            stop = min(keep, start + step)
+                            target[name][:, start:stop] = ds[:, start:stop]
                 _set_in_place(new.attrs, "num_draws", keep)
                 for key, value in run.items():
                     _set_in_place(new.attrs, key, value)
@@ -378,7 +385,7 @@ def _readable_attrs(attrs: Any) -> dict[str, Any]:
     for key, value in attrs.items():
         if isinstance(value, bytes | np.bytes_):
             value = value.decode()
-        if key in ("next_draw", "num_sg_steps") and np.any(np.asarray(value) < 0):
+        if key in RUN_END[:2] and np.any(np.asarray(value) < 0):
             continue
         if key == "state_fingerprint" and not value:
             continue
