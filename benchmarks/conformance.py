@@ -48,7 +48,8 @@ from conformance.matrix import (  # noqa: E402
 from conformance.models import PROBLEMS  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-OUTCOMES = ("pass", "expected-error", "known-broken", "fixed", "fail", "error")
+OUTCOMES = ("pass", "expected-error", "known-limitation", "known-broken", "fixed", "fail",
+            "error")
 
 
 def select(args: argparse.Namespace) -> list[Cell]:

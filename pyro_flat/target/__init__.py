@@ -27,7 +27,7 @@ from pyro_flat.target.potential import ModelPotential
 from pyro_flat.target.sites import latent_sites
 from pyro_flat.target.subsample import InjectIndices
 from pyro_flat.target.target import Potential, Target, as_scalar_energy
-from pyro_flat.target.tracing import DataPlate, trace_model
+from pyro_flat.target.tracing import DataPlate, TracedModel, trace_model
 from pyro_flat.target.user_potential import UserPotential, per_chain_shapes
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "Potential",
     "Site",
     "Target",
+    "TracedModel",
     "UnknownLatentSite",
     "UserPotential",
     "as_scalar_energy",

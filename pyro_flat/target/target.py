@@ -60,6 +60,10 @@ class Target:
     reduce : callable, optional
         ``reduce(u, grad) -> u`` after each evaluation on the hot path, e.g. a data-parallel
         chain's sum over ranks (which adds the other ranks' gradients into ``grad`` in place).
+    num_data : int, optional
+        ``N``, the number of data points the likelihood sums over, where the model says it
+        (:attr:`TracedModel.num_data <pyro_flat.target.TracedModel.num_data>`); ``None``:
+        unknown (a ``potential_fn``, or observed sites in no plate).
 
     Examples
     --------
@@ -79,10 +83,12 @@ class Target:
     """
 
     def __init__(self, potential: Potential, layout: FlatLayout, plate: DataPlate | None = None,
-                 reduce: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
+                 reduce: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 num_data: int | None = None):
         self.potential = potential
         self.layout = layout
         self.plate = plate
+        self.num_data = int(plate.size) if plate is not None else num_data
         self.reduce = reduce
         self._position: torch.Tensor | None = None
 

@@ -11,7 +11,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyro.poutine as poutine
 import torch
@@ -24,7 +24,7 @@ from pyro_flat.target.observed_shapes import check_observed_site
 from pyro_flat.target.sites import latent_sites
 from pyro_flat.target.subsample import InjectIndices
 
-__all__ = ["DataPlate", "trace_model"]
+__all__ = ["DataPlate", "TracedModel", "trace_model"]
 
 #: A model observed on this many points or more, run full batch, is told what a step costs.
 FULL_BATCH_HINT_POINTS = 10_000
@@ -91,6 +91,32 @@ def _hint_full_batch_cost(plates: dict[str, Any]) -> None:
     )
 
 
+class TracedModel(NamedTuple):
+    """What :func:`trace_model` finds in a model."""
+
+    #: The latent sites in execution order.
+    layout: FlatLayout
+    #: Initial *unconstrained* values from the init strategy.
+    init: dict[str, torch.Tensor]
+    #: The subsampled plate, or ``None`` for a full-batch model.
+    plate: DataPlate | None
+    #: The sites whose prior is summed in closed form on the flat vector.
+    flat_prior: FlatNormalPrior | None
+    #: ``N``, the number of data points the likelihood sums over: the subsampled plate's size,
+    #: else the full size of the plate that encloses every observed site (the one named by
+    #: ``data_plate`` where several do); ``None`` when no plate says it.
+    num_data: int | None
+
+
+def _data_size(plate: DataPlate | None, common: dict[str, Any],
+               data_plate: str | None) -> int | None:
+    if plate is not None:
+        return int(plate.size)
+    if data_plate is not None and data_plate in common:
+        return int(common[data_plate].full_size)
+    return int(next(iter(common.values())).full_size) if len(common) == 1 else None
+
+
 def trace_model(
     model: Callable,
     model_args: tuple,
@@ -98,7 +124,7 @@ def trace_model(
     init_strategy: Callable,
     subsample_size: int | None = None,
     data_plate: str | None = None,
-) -> tuple[FlatLayout, dict[str, torch.Tensor], DataPlate | None, FlatNormalPrior | None]:
+) -> TracedModel:
     """Run the model once to find its latent sites, their transforms, initial values and data plate.
 
     Every observed site is checked here, once: a value and distribution that broadcast into a
@@ -107,14 +133,8 @@ def trace_model(
 
     Returns
     -------
-    layout : FlatLayout
-        The latent sites in execution order.
-    init : dict
-        Initial *unconstrained* values from ``init_strategy``.
-    plate : DataPlate or None
-        The subsampled plate, or None for a full-batch model.
-    flat_prior : FlatNormalPrior or None
-        The sites whose prior is summed in closed form on the flat vector.
+    TracedModel
+        ``(layout, init, plate, flat_prior, num_data)``.
     """
     args, kwargs = tuple(model_args), dict(model_kwargs)
     setup_model = model
@@ -197,7 +217,8 @@ def trace_model(
     if not shapes:
         raise ValueError("the model has no latent sample sites to sample")
     layout = FlatLayout.from_shapes(shapes, transforms)
-    return layout, init, plate, FlatNormalPrior.from_trace(layout, trace.nodes)
+    return TracedModel(layout, init, plate, FlatNormalPrior.from_trace(layout, trace.nodes),
+                       _data_size(plate, common, data_plate))
 
 
 def _sliceable(a: Any, size: int) -> bool:

@@ -486,12 +486,11 @@ class SGMCMCKernel(MCMCKernel):
                                    traced_batch, self.data_plate)
 
             if k is None:
-                layout, init, plate, flat_prior = trace()
-                inits = [init]
+                traced = [trace()]
             else:
                 traced = [self.chain_streams.run_as_global(c, trace) for c in range(k)]
-                layout, _, plate, flat_prior = traced[0]
-                inits = [t[1] for t in traced]
+            layout, _, plate, flat_prior, num_data = traced[0]
+            inits = [t.init for t in traced]
             self.potential = ModelPotential(self.model, args, kwargs, layout, plate, flat_prior)
             if shard is not None:  # the plate of all ranks' data; this rank's part of U
                 plate, self.potential = shard.distribute(plate, self.potential)
@@ -509,7 +508,7 @@ class SGMCMCKernel(MCMCKernel):
             shapes = {name: v.shape for name, v in init.items()}
             if k is not None:
                 shapes = per_chain_shapes(shapes, k)
-            layout, plate = FlatLayout.from_shapes(shapes), None
+            layout, plate, num_data = FlatLayout.from_shapes(shapes), None, None
             self.potential = UserPotential(self.potential_fn, k)
             inits = [init] if k is None else [{n: v[c] for n, v in init.items()}
                                                for c in range(k)]
@@ -544,7 +543,7 @@ class SGMCMCKernel(MCMCKernel):
         shard = self.data_shard
         #: The potential the chain moves on (:class:`~pyro_flat.target.Target`).
         self.target = Target(self.potential, layout, plate, None if shard is None else (
-            lambda u, grad: shard.all_reduce_(u, grad, self.num_steps)))
+            lambda u, grad: shard.all_reduce_(u, grad, self.num_steps)), num_data)
         self.target.bind(z)
         names = tuple(dict.fromkeys(self.stat_names + self.estimator.stat_names))
         self.recorder = DrawRecorder(names, self.stat_dtypes)

@@ -198,6 +198,46 @@ def test_default_step_size_uses_the_models_n_and_is_deterministic():
     assert len(stats["lp"]) == 10 and torch.isfinite(stats["lp"]).all()
 
 
+def full_batch_regression_model(x, y):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    b = pyro.sample("b", dist.Normal(0.0, 1.0))
+    with pyro.plate("data", len(x)):
+        pyro.sample("y", dist.Normal(x @ w + b, 0.5), obs=y)
+
+
+def test_full_batch_model_gives_n_from_its_data_plate():
+    """With a given step and no subsampling, N is the size of the plate around the observed
+    site (it was taken to be 1, silently: features N times too large, a posterior about 8
+    times too narrow in the conformance matrix), and the run is the one num_data=N gives."""
+    x, y = regression_data()
+    runs = [harness.run(L2E(full_batch_regression_model, 0.05, meta_params=random_net(),
+                            num_steps_per_sample=3, **n), 6, 4, 3, x, y)
+            for n in ({}, {"num_data": 200})]
+    assert runs[0].kernel.data_size == 200
+    for site in ("w", "b"):
+        assert torch.equal(runs[0].get_samples()[site], runs[1].get_samples()[site])
+
+
+def no_plate_model(x, y):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    pyro.sample("y", dist.Normal(x @ w, 0.5).to_event(1), obs=y)
+
+
+def test_unknown_n_is_an_error_not_one():
+    x, y = regression_data()
+    with pytest.raises(ValueError, match=r"needs the dataset size N.*num_data=N"):
+        harness.run(L2E(no_plate_model, 0.05, meta_params=random_net()), 2, 1, 0, x, y)
+    target = harness.correlated_2d()
+    with pytest.raises(ValueError, match=r"num_data=N"):
+        harness.run(L2E(potential_fn=target, initial_params=target.initial_params(),
+                        step_size=0.05, meta_params=random_net()), 2, 1)
+    # told N, or with the standard kinetic energy (which does not read N), it runs
+    kernel = L2E(no_plate_model, 0.05, meta_params=random_net(), num_data=200)
+    assert harness.run(kernel, 2, 1, 0, x, y).kernel.data_size == 200
+    kernel = L2E(no_plate_model, 0.05, kinetic_energy="standard")
+    harness.run(kernel, 2, 1, 0, x, y)
+
+
 def test_kernel_pickles_for_worker_processes():
     import pickle
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,14 @@ from pyro_flat.infer.mcmc.l2e.meta_net import (
     l2e_step_,
 )
 from pyro_flat.infer.mcmc.state import KernelState, StateField
+
+#: Said when the learned kinetic energy runs on a full batch (no minibatch gradient noise).
+FULL_BATCH_WARNING = (
+    "L2E on a full batch: its meta-learned dynamics were trained on minibatch gradients and "
+    "rely on their noise to spread; without it the draws sit near the posterior mean with "
+    "sds of about 0.01 to 0.1 times the posterior's (the conformance matrix's regression and "
+    "MLP), so they do not represent the posterior. Minibatch the model (subsample_size=B, or "
+    "a subsampled data plate) or use kinetic_energy='standard' or another kernel")
 
 
 class L2E(SGMCMCKernel):
@@ -80,9 +89,10 @@ class L2E(SGMCMCKernel):
     step_mult : float
         The authors' step multiplier, used when ``step_size`` is ``None``; positive.
     num_data : int, optional
-        ``N``, the dataset size; defaults to the size of the model's subsampled data plate.
-        Needed (with ``step_size=None``) when there is none; otherwise the features see
-        :math:`\nabla U` itself (``N = 1``).
+        ``N``, the dataset size; defaults to the size of the model's data plate (the
+        subsampled one, or the plate that encloses every observed site). Needed when there is
+        none (a ``potential_fn``, or observed sites in no plate), with the learned kinetic
+        energy or with ``step_size=None``; an error says so.
     friction : float
         :math:`C > 0` (the authors' 0.1).
     kinetic_energy : {"learned", "standard"}
@@ -164,15 +174,24 @@ class L2E(SGMCMCKernel):
         return self._rule_step_size
 
     def _data_size(self, strict: bool = False) -> int:
+        """``N``: ``num_data``, else what the model's data plate says. Unknown, it is an error
+        where it matters (the step rule, ``strict``; the learned kinetic energy's features),
+        and 1 for the standard kinetic energy, which does not read the features."""
         if self.num_data is not None:
             return self.num_data
-        plate = None if self.target is None else self.target.plate  # known once set up
-        if plate is not None:
-            return int(plate.size)
+        n = None if self.target is None else self.target.num_data  # known once set up
+        if n is not None:
+            return n
         if strict:
             raise ValueError(
-                "step_size=None needs the dataset size N: pass num_data, or use a model that "
-                "subsamples a data plate (or subsample_size)"
+                "step_size=None needs the dataset size N: pass num_data, or use a model whose "
+                "observed sites lie in a pyro.plate over the data (or subsample_size)"
+            )
+        if self.kinetic_energy == "learned":
+            raise ValueError(
+                "L2E's meta-network reads the per-datum gradient grad U / N, so it needs the "
+                "dataset size N, and none was found: pass num_data=N (the number of data "
+                "points U sums over), or observe the data in a pyro.plate over it"
             )
         return 1
 
@@ -204,10 +223,14 @@ class L2E(SGMCMCKernel):
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
         self._rule_step_size = None  # N may differ from the last run's
         super().setup(warmup_steps, *args, **kwargs)
-        #: ``N``, the data size the meta-network's features are scaled by (1 when unknown).
+        #: ``N``, the data size the meta-network's features are scaled by (1, unused, for the
+        #: standard kinetic energy when it is unknown).
         self.data_size = self._data_size()
         if self.step_size is None and self.step_size_schedule is None:
             self.rule_step_size()  # N is known now: say so at the start if it is not
+        if self.kinetic_energy == "learned" and self.model is not None and \
+                self.target.plate is None:
+            warnings.warn(FULL_BATCH_WARNING, RuntimeWarning, stacklevel=2)
         if self.kinetic_energy == "standard":
             self._kinetic: StandardKinetic | LearnedKinetic = StandardKinetic()
         else:
