@@ -21,8 +21,8 @@ from pyro_flat import cli
 from pyro_flat.compare import output, registry
 from pyro_flat.compare.models import build_network
 
-HEADER = ("method", "accuracy", "NLL", "ECE", "Brier", "OOD AUROC", "sharpness", "grad evals",
-          "draws", "wall time (s)")
+HEADER = ("method", "accuracy", "NLL", "ECE", "Brier", "OOD AUROC", "sharpness", "KSD",
+          "grad evals", "draws", "wall time (s)")
 MCMC = {"sgld": "SGLD", "sghmc": "SGHMC", "csgld": "CyclicalSGLD", "entropy": "EntropyMCMC",
         "sasgld": "SASGLD", "contour": "ContourSGLD", "l2e": "L2E"}
 BUDGET = 160  # 4 cycles of 40 steps: every method's rounding is exact at this budget
@@ -85,15 +85,19 @@ def test_compare_prints_one_table(digits_run, methods):
     assert tuple(header) == HEADER
     assert [r[0] for r in rows] == methods
     for r in rows:
-        acc, nll, ece, brier, auroc, sharp = map(float, r[1:7])
+        acc, nll, ece, brier, auroc, sharp, ksd = (math.nan if v == "-" else float(v)
+                                                   for v in r[1:8])
         # 10 classes: chance is 0.1; every method has learnt something at 160 gradients
         assert 0.3 < acc <= 1 and nll > 0 and 0 <= ece <= 1 and 0 <= brier <= 2, r
         assert 0 <= auroc <= 1 and math.isfinite(sharp)
+        # the 17,610 parameters of the MLP are few enough for the Stein discrepancy (of two
+        # draws or more)
+        assert math.isfinite(ksd) == (DRAWS.get(r[0], 12) > 1), r
         # an equal budget of SG steps: exact at this budget for every method (SASGLD, F-SWAG,
         # SA-ELBO, the SAM ensemble: two gradients per step; ensembles: 4 x 40 steps; HWA: 88
         # SVI steps and 12 cycles of 6)
-        assert int(r[7]) == BUDGET * GRADS_PER_STEP.get(r[0], 1), r
-        assert int(r[8]) == DRAWS.get(r[0], 12), r
+        assert int(r[8]) == BUDGET * GRADS_PER_STEP.get(r[0], 1), r
+        assert int(r[9]) == DRAWS.get(r[0], 12), r
     # one short progress line per method on stderr, no progress bar (not a terminal)
     assert sum(line.startswith("[") for line in stderr.splitlines()) == len(methods)
     assert "grad/s" not in stderr
@@ -340,7 +344,7 @@ def test_a_failing_method_is_reported_not_faked(tmp_path, monkeypatch):
     assert "failed: sghmc" in stderr.splitlines()[-1]
     _, rows = table_rows(stdout)
     assert [r[0] for r in rows] == ["sgld", "sghmc (failed)", "sgd"]
-    assert rows[1][1:9] == ["-"] * 8  # metrics, sharpness, grad evals, draws
+    assert rows[1][1:10] == ["-"] * 9  # metrics, sharpness, KSD, grad evals, draws
     result = json.loads((out / "results.json").read_text())["results"]
     assert result[1]["status"] == "failed: RuntimeError: the chain diverged at step 3"
     assert result[1]["accuracy"] is None and result[0]["status"] == "ok"
@@ -455,7 +459,7 @@ def test_cnn_on_the_shipped_mnist_digits(tmp_path):
 def test_table_formats_missing_values():
     rows = [{"method": "sgld", **dict.fromkeys(cli.METRICS, math.nan), "grad_evals": None,
              "draws": None, "wall_time_s": 1.25, "cpu_time_s": 1.0, "status": "failed: x"}]
-    assert table_rows(cli.format_table(rows))[1] == [["sgld (failed)", *["-"] * 8, "1.2"]]
+    assert table_rows(cli.format_table(rows))[1] == [["sgld (failed)", *["-"] * 9, "1.2"]]
 
 
 def test_importance_weights_enter_the_model_average():
@@ -601,8 +605,8 @@ def test_equal_gradient_evaluations_halve_the_sharpness_aware_steps(tmp_path):
     assert code == 0, stderr
     assert f"{BUDGET} gradient evaluations per method" in stderr
     for r in table_rows(stdout)[1]:
-        assert int(r[7]) == BUDGET, r
-        assert int(r[8]) == DRAWS.get(r[0], 12), r
+        assert int(r[8]) == BUDGET, r
+        assert int(r[9]) == DRAWS.get(r[0], 12), r
     result = json.loads((tmp_path / "g" / "results.json").read_text())
     assert result["plan"]["unit"] == "grads"
 
@@ -617,7 +621,7 @@ def test_authors_protocol_runs_entropy_mcmc_in_cold_cosine_cycles(tmp_path):
                                 "--out", str(tmp_path / "a")])
     assert code == 0, stderr
     rows = {r[0]: r for r in table_rows(stdout)[1]}
-    assert int(rows["entropy"][8]) == 12 and int(rows["entropy"][7]) == BUDGET
+    assert int(rows["entropy"][9]) == 12 and int(rows["entropy"][8]) == BUDGET
     result = json.loads((tmp_path / "a" / "results.json").read_text())
     assert result["settings"]["protocol"] == "authors"
     notes = result["method_notes"]["entropy"]

@@ -21,6 +21,12 @@ import torch
 RHO = 0.05
 #: Training points on which the sharpness and the loss slices are measured (the first ones).
 SHARPNESS_POINTS = 1000
+#: The kernel Stein discrepancy is reported for networks of at most this many parameters
+#: (``nan`` above: its kernel matrix costs draws^2 x parameters, and in more dimensions the IMQ
+#: kernel of unit scale sees little but the diagonal).
+KSD_MAX_PARAMETERS = 20_000
+#: The minibatch of each draw's score in the kernel Stein discrepancy (all points if fewer).
+KSD_BATCH = 256
 #: EntropyMCMC's default step_size / eta, the authors' CIFAR-10 ratio (lr 0.5 over 50,000,
 #: eta 4e-4): ``Settings.entropy_step_over_eta``.
 ENTROPY_STEP_OVER_ETA = 0.025

@@ -5,7 +5,10 @@ model average over the draws on the test and OOD inputs, weighted by the fit's i
 weights, if any, and its scores; the mean sharpness of the draws
 (:func:`pyro_flat.evaluation.flatness.sharpness` of the task's negative log-likelihood,
 :func:`pyro_flat.compare.task.nll`), and a loss slice through the last draw along a
-filter-normalised random direction (:func:`pyro_flat.evaluation.flatness.loss_along_direction`).
+filter-normalised random direction (:func:`pyro_flat.evaluation.flatness.loss_along_direction`);
+and the kernel Stein discrepancy of the (weighted) draws to the Bayesian posterior of the
+network (:func:`pyro_flat.evaluation.stein.stein_discrepancy`, for networks of at most
+:data:`~pyro_flat.compare.config.KSD_MAX_PARAMETERS` parameters).
 
 * Classification (:data:`METRICS`): the averaged class probabilities
   (:func:`pyro_flat.evaluation.predictive.bma_probs`), their accuracy, NLL, ECE, Brier score and OOD
@@ -27,28 +30,36 @@ from typing import Any
 import torch
 
 from pyro_flat.compare.common import Fit
-from pyro_flat.compare.config import RHO, SHARPNESS_POINTS
+from pyro_flat.compare.config import KSD_BATCH, KSD_MAX_PARAMETERS, RHO, SHARPNESS_POINTS
 from pyro_flat.compare.mixture import GaussianMixture, calibration_error
-from pyro_flat.compare.task import gaussian_head, loss_fn, task_of
+from pyro_flat.compare.task import gaussian_head, likelihood, loss_fn, task_of
 
 #: Metric columns of the table for classification, in order.
-METRICS = ("accuracy", "nll", "ece", "brier", "ood_auroc", "sharpness")
+METRICS = ("accuracy", "nll", "ece", "brier", "ood_auroc", "sharpness", "ksd")
 #: Metric columns of the table for regression, in order.
-REGRESSION_METRICS = ("rmse", "nll", "crps", "calibration_error", "ood_auroc", "sharpness")
+REGRESSION_METRICS = ("rmse", "nll", "crps", "calibration_error", "ood_auroc", "sharpness",
+                      "ksd")
 #: Metrics for which a larger value is better (the others: smaller is better).
 HIGHER_IS_BETTER = frozenset({"accuracy", "ood_auroc", "agreement"})
 #: Column headers of the printed tables.
 HEADERS = {"accuracy": "accuracy", "nll": "NLL", "ece": "ECE", "brier": "Brier",
            "ood_auroc": "OOD AUROC", "sharpness": "sharpness", "rmse": "RMSE", "crps": "CRPS",
            "calibration_error": "calib. error", "agreement": "agreement (HMC)",
-           "tv": "TV (HMC)", "w2": "W2 (HMC)"}
+           "tv": "TV (HMC)", "w2": "W2 (HMC)", "ksd": "KSD"}
+#: The kernel Stein discrepancy column, in both tasks' descriptions.
+KSD_DESCRIPTION = (
+    f"KSD (kernel Stein discrepancy of the weighted draws to the network's Bayesian posterior "
+    f"at temperature 1: IMQ kernel (1 + |x - y|^2)^(-1/2) on the raw parameters, U-statistic "
+    f"(its signed square root: near 0, of either sign, for a sampler of the posterior) "
+    f"with one independent minibatch of {KSD_BATCH} training points per draw for its score; "
+    f"nan for networks of more than {KSD_MAX_PARAMETERS} parameters; lower is closer)")
 #: What the metrics of each task are (``results.json``'s ``metrics``).
 DESCRIPTIONS = {
     "classification": (
         "test-set accuracy, NLL (mean -log p(y|x), p clamped at 1e-12), ECE (15 equal-width "
         "bins), Brier (sum over classes), OOD AUROC (predictive entropy, test vs OOD), "
         "sharpness (mean over draws of L(theta + 0.05 g/|g|) - L(theta), mean training "
-        "loss on the first 1000 training points)"
+        "loss on the first 1000 training points); " + KSD_DESCRIPTION
     ),
     "regression": (
         "test set, in standardised target units (original units: y_mean + y_std * y): the "
@@ -58,7 +69,7 @@ DESCRIPTIONS = {
         "p in 0.1, ..., 0.9 of |share of test points inside their central p interval - p|, "
         "from the PIT of the exact mixture CDF); OOD AUROC (mixture predictive standard "
         "deviation, test vs OOD); sharpness (mean over draws of L(theta + 0.05 g/|g|) - "
-        "L(theta), L the mean Gaussian NLL on the first 1000 training points)"
+        "L(theta), L the mean Gaussian NLL on the first 1000 training points); " + KSD_DESCRIPTION
     ),
 }
 #: The grid of the loss slices.
@@ -73,7 +84,7 @@ def task_metrics(task: str) -> tuple[tuple[str, ...], frozenset[str]]:
     Examples
     --------
     >>> task_metrics("regression")[0]
-    ('rmse', 'nll', 'crps', 'calibration_error', 'ood_auroc', 'sharpness')
+    ('rmse', 'nll', 'crps', 'calibration_error', 'ood_auroc', 'sharpness', 'ksd')
     >>> sorted(task_metrics("classification")[1])
     ['accuracy', 'ood_auroc']
     """
@@ -144,6 +155,35 @@ def _curve_inputs(data: Any) -> torch.Tensor:
                           device=data.x_train.device).unsqueeze(1)
 
 
+def stein_of(fit: Fit, data: Any) -> float:
+    """The kernel Stein discrepancy of ``fit``'s (weighted) draws to the Bayesian posterior of
+    its network on the training data (``nan`` for a network of more than
+    :data:`~pyro_flat.compare.config.KSD_MAX_PARAMETERS` parameters, or for fewer than two
+    draws of non-zero weight)."""
+    import pyro
+
+    from pyro_flat.evaluation.stein import stein_discrepancy
+
+    first = {k: v[0] for k, v in fit.samples.items()}
+    num_draws = len(next(iter(fit.samples.values())))
+    weighted = num_draws if fit.weights is None else int((fit.weights > 0).sum())
+    if sum(v.numel() for v in first.values()) > KSD_MAX_PARAMETERS or weighted < 2:
+        return math.nan
+    net, lik = fit.net, likelihood(task_of(data))
+
+    def model(x: torch.Tensor, y: torch.Tensor) -> None:
+        """The run's model (Context.bnn) on the data it is given: the network outside the
+        plate (its priors global), the likelihood (no latent sites of its own) inside."""
+        out = net(x)
+        with pyro.plate("data", len(x)):
+            pyro.sample("obs", lik.distribution(out, {}), obs=y)
+
+    log_weights = None if fit.weights is None else fit.weights.double().log()
+    return stein_discrepancy(model, fit.samples, data.x_train, data.y_train,
+                             subsample_size=min(KSD_BATCH, len(data.x_train)),
+                             log_weights=log_weights, estimator="u")
+
+
 def evaluate(fit: Fit, data: Any, seed: int, full: bool = True) -> Evaluation:
     """Score ``fit`` on ``data``; the slice direction is drawn with ``seed``. Without ``full``
     (a ``--tune`` candidate, judged by its NLL alone) the sharpness is ``nan`` and the loss
@@ -185,6 +225,7 @@ def evaluate(fit: Fit, data: Any, seed: int, full: bool = True) -> Evaluation:
                 for x_ in (data.x_test, data.x_ood))
         row = scores(probs_test, probs_ood, data.y_test.cpu())
     row["sharpness"] = mean_sharpness
+    row["ksd"] = stein_of(fit, data) if full else math.nan
     if not full:
         return Evaluation(row, probs_test, probs_ood, (torch.zeros(0), torch.zeros(0)), test,
                           ood, curve)
