@@ -1,0 +1,253 @@
+r"""Last-layer Laplace approximation of a trained network: the post-hoc Gaussian baseline.
+
+The network's last ``nn.Linear`` becomes Bayesian, everything before it stays at its trained
+values. With the prior :math:`\theta \sim \mathcal N(0, \delta^{-1} I)` on the last layer's
+parameters and the trained values as the MAP :math:`\hat\theta`,
+
+.. math:: p(\theta \mid \mathcal D) \approx \mathcal N\big(\hat\theta,\;
+          (H/T + \delta I)^{-1}\big),
+
+:math:`H` the GGN of the likelihood (:mod:`.curvature`), and the prior precision :math:`\delta`
+chosen by the Laplace approximation of the marginal likelihood
+
+.. math:: \log p(\mathcal D \mid \delta) \approx \log p(\mathcal D \mid \hat\theta)
+          - \tfrac12\big(\log\det(H/T + \delta I) - P\log\delta + \delta\lVert\hat\theta
+          \rVert^2\big).
+
+The backbone's features are computed once per training point and kept (``N x H`` numbers):
+the curvature needs nothing else.
+
+References
+----------
+MacKay, D. (1992). A practical Bayesian framework for backpropagation networks. Neural
+Computation. Daxberger, E. et al. (2021). Laplace Redux: effortless Bayesian deep learning.
+NeurIPS (``laplace-torch``, whose conventions this follows).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from pyro_flat import validation
+from pyro_flat.infer.laplace.curvature import STRUCTURES, Curvature
+
+__all__ = ["LastLayerLaplace", "last_linear"]
+
+
+def last_linear(net: nn.Module) -> tuple[str, nn.Linear]:
+    """The name and module of the last ``nn.Linear`` of ``net`` (in registration order)."""
+    found = [(name, m) for name, m in net.named_modules() if isinstance(m, nn.Linear)]
+    if not found:
+        raise ValueError(f"the network has no nn.Linear layer to make Bayesian: {net!r}"[:300])
+    return found[-1]
+
+
+class LastLayerLaplace:
+    r"""A Laplace approximation of the last linear layer of a trained ``net``.
+
+    Target: :math:`\mathcal N(\hat\theta, (H/T + \delta I)^{-1})` over the last layer's
+    ``(weight, bias)``, the rest of the network fixed.
+
+    Parameters
+    ----------
+    net : nn.Module
+        The trained network; its output must be its last ``nn.Linear``'s output (logits, or
+        the regression mean). It is copied (and the copy put in evaluation mode), so that
+        later changes to ``net`` (e.g. ``make_bayesian(net)``, which works in place) leave the
+        approximation as fitted.
+    likelihood : {"classification", "regression"}
+        Softmax over the outputs, or a Gaussian of scale ``sigma_noise`` around them.
+    structure : {"kron", "diag", "full"}
+        The GGN's structure (:mod:`.curvature`).
+    sigma_noise : float
+        The regression noise scale (positive; ignored for classification).
+    prior_precision : float
+        :math:`\delta` until :meth:`optimize_prior_precision` chooses one.
+    temperature : float
+        :math:`T`, dividing the likelihood (1: the Bayesian posterior).
+
+    Examples
+    --------
+    >>> import torch
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <torch._C.Generator object at ...>
+    >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    >>> x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
+    >>> la = LastLayerLaplace(net, "classification", "kron").fit(x, y)
+    >>> delta = la.optimize_prior_precision()
+    >>> la.predictive(x[:2]).shape  # probit-approximated class probabilities
+    torch.Size([2, 3])
+    """
+
+    def __init__(self, net: nn.Module, likelihood: str = "classification",
+                 structure: str = "kron", sigma_noise: float = 1.0,
+                 prior_precision: float = 1.0, temperature: float = 1.0):
+        if likelihood not in ("classification", "regression"):
+            raise ValueError(f"likelihood must be 'classification' or 'regression', got "
+                             f"{likelihood!r}")
+        if structure not in STRUCTURES:
+            raise ValueError(f"structure must be one of {sorted(STRUCTURES)}, got {structure!r}")
+        # a copy: make_bayesian(net) converts the network in place, after which its parameters
+        # would be prior draws
+        self.net = copy.deepcopy(net).eval()
+        self.likelihood, self.structure = likelihood, structure
+        self.sigma_noise = validation.positive("sigma_noise", sigma_noise)
+        self.prior_precision = validation.positive("prior_precision", prior_precision)
+        self.temperature = validation.positive("temperature", temperature)
+        self.layer_name, self.layer = last_linear(self.net)
+        if self.layer.bias is None:
+            raise ValueError(f"the last linear layer {self.layer_name!r} has no bias; "
+                             "LastLayerLaplace needs one")
+        self.curvature: Curvature | None = None
+
+    # ------------------------------------------------------------------ features
+
+    def features(self, x: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
+        """The last layer's inputs at ``x`` (the backbone's features), without gradients,
+        in chunks of ``batch_size`` rows: ``(M, H)``."""
+        out: list[torch.Tensor] = []
+        hook = self.layer.register_forward_hook(lambda m, inp, o: out.append(inp[0].detach()))
+        try:
+            with torch.no_grad():
+                for chunk in x.split(batch_size):
+                    self.net(chunk)
+        finally:
+            hook.remove()
+        return torch.cat([f.reshape(len(f), -1) for f in out])
+
+    @property
+    def map_parameters(self) -> torch.Tensor:
+        r""":math:`\hat\theta`: the last layer's weight (row by row), then its bias."""
+        return torch.cat([self.layer.weight.detach().reshape(-1),
+                          self.layer.bias.detach()]).double()
+
+    def _outputs(self, features: torch.Tensor) -> torch.Tensor:
+        w, b = self.layer.weight.detach().double(), self.layer.bias.detach().double()
+        return features @ w.T + b
+
+    def _output_hessians(self, outputs: torch.Tensor) -> torch.Tensor:
+        """:math:`\\Lambda_n / T` (and :math:`/\\sigma^2` for regression)."""
+        if self.likelihood == "classification":
+            p = outputs.softmax(-1)
+            lam = torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
+        else:
+            eye = torch.eye(outputs.shape[-1], dtype=outputs.dtype, device=outputs.device)
+            lam = eye.expand(len(outputs), -1, -1) / self.sigma_noise**2
+        return lam / self.temperature
+
+    # ------------------------------------------------------------------ fit
+
+    def fit(self, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024
+            ) -> LastLayerLaplace:
+        """The features of the training inputs ``x`` (once), the curvature, and the
+        log-likelihood of the targets ``y`` at the trained network."""
+        if len(x) != len(y):
+            raise ValueError(f"x and y must hold the same number of points, got {len(x)} and "
+                             f"{len(y)}")
+        features = self.features(x, batch_size).double()
+        outputs = self._outputs(features)
+        if self.likelihood == "classification":
+            log_lik = -torch.nn.functional.cross_entropy(outputs, y.long(), reduction="sum")
+        else:
+            target = y.double().reshape(outputs.shape)
+            n_out = outputs.numel()
+            log_lik = (-0.5 * (target - outputs).square().sum() / self.sigma_noise**2
+                       - n_out * math.log(self.sigma_noise * math.sqrt(2 * math.pi)))
+        self.log_likelihood = float(log_lik) / self.temperature
+        self.num_data = len(x)
+        self.curvature = STRUCTURES[self.structure](features, self._output_hessians(outputs))
+        return self
+
+    def _fitted(self) -> Curvature:
+        if self.curvature is None:
+            raise RuntimeError("call fit(x, y) first")
+        return self.curvature
+
+    def log_det_precision(self, prior_precision: float | None = None) -> float:
+        r""":math:`\log\det(H/T + \delta I)`, the curvature view of flatness: the
+        log-volume by which the data shrink the prior around the trained values (larger is
+        sharper)."""
+        delta = self.prior_precision if prior_precision is None else prior_precision
+        return float(self._fitted().log_det(delta))
+
+    def log_marginal_likelihood(self, prior_precision: float | None = None) -> float:
+        r"""The Laplace approximation of :math:`\log p(\mathcal D \mid \delta)` (module
+        docstring), at ``prior_precision`` (default the current one)."""
+        curvature = self._fitted()
+        delta = self.prior_precision if prior_precision is None else prior_precision
+        theta = self.map_parameters
+        log_det_ratio = self.log_det_precision(delta) - curvature.num_parameters * math.log(
+            delta)
+        return self.log_likelihood - 0.5 * (log_det_ratio + delta * float(theta @ theta))
+
+    def optimize_prior_precision(self, bounds: tuple[float, float] = (1e-6, 1e6)) -> float:
+        r"""Set :math:`\delta` to the maximiser of :meth:`log_marginal_likelihood` over
+        ``bounds`` (on a log grid, then SciPy's bounded scalar search) and return it."""
+        from scipy.optimize import minimize_scalar
+
+        lo, hi = math.log(bounds[0]), math.log(bounds[1])
+        grid = torch.linspace(lo, hi, 41).tolist()
+        values = [self.log_marginal_likelihood(math.exp(t)) for t in grid]
+        best = max(range(len(grid)), key=values.__getitem__)
+        a, b = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]
+        found = minimize_scalar(lambda t: -self.log_marginal_likelihood(math.exp(t)),
+                                bounds=(a, b), method="bounded", options={"xatol": 1e-8})
+        self.prior_precision = math.exp(float(found.x))
+        return self.prior_precision
+
+    # ------------------------------------------------------------------ predictions
+
+    def functional(self, x: torch.Tensor, batch_size: int = 1024
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""The linearised predictive of the outputs at ``x``: the mean ``(M, C)`` (the
+        trained network's outputs) and the covariance :math:`J\Sigma J^\top` ``(M, C, C)``."""
+        curvature = self._fitted()
+        features = self.features(x, batch_size).double()
+        return (self._outputs(features),
+                curvature.output_covariance(features, self.prior_precision))
+
+    def predictive(self, x: torch.Tensor, link: str = "probit", num_samples: int = 100,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
+        r"""Class probabilities at ``x`` (classification): ``"probit"``, the linearised
+        predictive with the probit approximation :math:`\mathrm{softmax}(f /
+        \sqrt{1 + \pi\,\mathrm{diag}(J\Sigma J^\top)/8})`; ``"mc"``, the mean softmax over
+        ``num_samples`` draws of the last layer (the network's own predictive, not
+        linearised). Regression: the mean and the variance of the outputs (linearised; add
+        ``sigma_noise ** 2`` for the targets')."""
+        mean, cov = self.functional(x)
+        if self.likelihood == "regression":
+            return torch.stack([mean, cov.diagonal(dim1=-2, dim2=-1)], dim=-1)
+        if link == "probit":
+            kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * cov.diagonal(dim1=-2, dim2=-1))
+            return (kappa * mean).softmax(-1)
+        if link != "mc":
+            raise ValueError(f"link must be 'probit' or 'mc', got {link!r}")
+        features = self.features(x).double()
+        c = self.layer.out_features
+        probs = torch.zeros_like(mean)
+        for theta in self.sample(num_samples, generator):
+            w, b = theta[: -c].reshape(c, -1), theta[-c:]
+            probs += (features @ w.T + b).softmax(-1)
+        return probs / num_samples
+
+    def sample(self, num_samples: int, generator: torch.Generator | None = None
+               ) -> torch.Tensor:
+        r"""Draws of the last layer's parameters :math:`\hat\theta + \Sigma^{1/2}
+        \varepsilon`, ``(num_samples, P)`` (float64)."""
+        curvature = self._fitted()
+        noise = torch.randn(num_samples, curvature.num_parameters, generator=generator,
+                            dtype=torch.float64)
+        return self.map_parameters + curvature.scale_noise(noise, self.prior_precision)
+
+    def sample_layer(self, num_samples: int, generator: torch.Generator | None = None
+                     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Draws as ``(weight, bias)`` in the layer's shapes and dtype."""
+        c, dtype = self.layer.out_features, self.layer.weight.dtype
+        for theta in self.sample(num_samples, generator):
+            yield (theta[:-c].reshape(self.layer.weight.shape).to(dtype),
+                   theta[-c:].to(dtype))
