@@ -150,6 +150,9 @@ class LayerInit:
         The module that owns the parameter directly (``recurse=False``).
     name : str
         The parameter's attribute name in ``layer``, e.g. ``"weight"``.
+    fresh : bool, default True
+        ``False``: always a copy of the parameter's value now (a trained network's value, for
+        fine-tuning).
 
     Notes
     -----
@@ -169,7 +172,7 @@ class LayerInit:
     (True, True)
     """
 
-    def __init__(self, layer: nn.Module, name: str):
+    def __init__(self, layer: nn.Module, name: str, fresh: bool = True):
         param = _own_parameters(layer).get(name)
         if param is None:
             raise ValueError(f"name must name a parameter of the layer, got {name!r}")
@@ -179,8 +182,8 @@ class LayerInit:
         self.device = param.device
         self.template: nn.Module | None = None
         self.value: torch.Tensor | None = None
-        template = _meta_template(layer)
-        if self._dry_run(template):
+        template = _meta_template(layer) if fresh else None
+        if template is not None and self._dry_run(template):
             self.template = template
         else:
             self.value = param.detach().clone()
@@ -307,6 +310,7 @@ def make_bayesian(
     include: str | Iterable[str] | None = None,
     exclude: str | Iterable[str] | None = None,
     bayesian_batchnorm: bool = False,
+    init: str = "fresh",
 ) -> PyroModule:
     r"""Make ``module`` a Bayesian :class:`~pyro.nn.PyroModule` in place and return it.
 
@@ -344,6 +348,10 @@ def make_bayesian(
         ``state_dict`` under the same names), so that neither MCMC nor SVI sees them as
         parameters. Running statistics are left as they are, so a BatchNorm in training mode
         still updates them at each forward: call ``module.eval()`` to freeze them.
+    init : {"fresh", "current"}, default "fresh"
+        Where a kernel's chain starts (:func:`init_to_network`): ``"fresh"``, a new draw as
+        the layer's ``reset_parameters()`` makes it; ``"current"``, the parameter's value now
+        (a trained network's, for Bayesian fine-tuning).
 
     Returns
     -------
@@ -385,6 +393,8 @@ def make_bayesian(
         raise ValueError(f"scale_rule must be one of {list(_SCALE_RULES)}, got {scale_rule!r}")
     if not isinstance(bayesian_batchnorm, bool):
         raise ValueError(f"bayesian_batchnorm must be True or False, got {bayesian_batchnorm!r}")
+    if init not in ("fresh", "current"):
+        raise ValueError(f"init must be 'fresh' or 'current', got {init!r}")
     module_names = [name for name, _ in module.named_modules()]
     scale_of = _scale_lookup(prior_scale, module_names)
     build_prior = _PRIOR_FAMILIES[prior]
@@ -432,7 +442,7 @@ def make_bayesian(
             if fan_in is not None and fan_in > 0:
                 s = s / math.sqrt(fan_in)
         prior_dist = build_prior(param.shape, s, param.dtype, param.device)
-        prior_dist.pyro_flat_init = LayerInit(layer, attr)
+        prior_dist.pyro_flat_init = LayerInit(layer, attr, fresh=init == "fresh")
         chosen_ids[id(param)] = name
         plan.append((layer, attr, "sample", prior_dist))
 
