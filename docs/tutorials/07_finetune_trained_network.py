@@ -1,0 +1,1 @@
+../../tutorials/07_finetune_trained_network.py
