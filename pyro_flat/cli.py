@@ -236,7 +236,8 @@ def _build_parser() -> _Parser:
         "--methods", default=None, metavar="LIST",
         help=(
             "comma-separated methods (see the list above); the SGD reference always runs; "
-            f"default: all ({', '.join(registry.implemented())})"
+            f"default: all those of the data set's task ({', '.join(registry.implemented())}; "
+            "laplace on classification only)"
         ),
     )
     compare_parser.add_argument(
@@ -262,7 +263,9 @@ def _build_parser() -> _Parser:
         "--protocol", default="shared", choices=PROTOCOLS,
         help=("shared: every method under the one schedule described above; authors: the "
               "authors' protocol where it differs (EntropyMCMC: cosine step-size cycles at "
-              "T = 1e-4, its 2 last draws of each cycle kept) (default: %(default)s)"),
+              "T = 1e-4, its 2 last draws of each cycle kept); finetune: --model is trained "
+              "by SGD first, then every method runs on its last layer, on the frozen "
+              "backbone's features (default: %(default)s)"),
     )
     compare_parser.add_argument(
         "--tune", action="store_true",
@@ -346,8 +349,9 @@ def _build_parser() -> _Parser:
 
 def compare_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """The ``compare`` subcommand: check every argument, then run."""
-    methods_text = args.methods if args.methods is not None else ",".join(registry.implemented())
     task = dataset_task(args.dataset)
+    methods_text = (args.methods if args.methods is not None
+                    else ",".join(registry.implemented(task)))
     if args.model not in MODELS_FOR_TASK[task]:
         parser.error(f"argument --model: {args.model!r} does not fit the {task} data set "
                      f"{args.dataset!r}; choose from {', '.join(MODELS_FOR_TASK[task])}")
@@ -355,8 +359,14 @@ def compare_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         parser.error(f"argument --download: only {', '.join(DOWNLOADED)} are downloaded; "
                      f"{args.dataset!r} is generated or shipped with a package (leave "
                      "--download out)")
+    methods = _methods(parser, methods_text)
+    other_task = [n for n in methods if task not in registry.ALL[n].tasks]
+    if other_task:
+        parser.error(f"argument --methods: {', '.join(other_task)} do(es) not run on the {task} "
+                     f"data set {args.dataset!r}; the methods for it: "
+                     f"{', '.join(registry.implemented(task))}")
     opts = Options(
-        methods=_methods(parser, methods_text),
+        methods=methods,
         dataset=args.dataset,
         model=args.model,
         budget=args.budget,

@@ -69,6 +69,9 @@ class Context:
     seed: int
     model: str = "mlp"
     show_progress: bool | None = None  # None: when stderr is a terminal (tqdm's rule)
+    #: ``--protocol finetune``: the trained last layer (``model == "head"``), where every
+    #: network and chain starts
+    head_state: dict[str, torch.Tensor] | None = None
 
     @property
     def num_train(self) -> int:
@@ -85,6 +88,8 @@ class Context:
         (:func:`pyro_flat.compare.task.num_outputs`)."""
         d = self.data
         net = build_network(self.model, d.input_shape, num_outputs(d), self.settings)
+        if self.head_state is not None:
+            net.load_state_dict(self.head_state)
         return net.to(d.x_train.device)
 
     def loss(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -97,8 +102,10 @@ class Context:
         from pyro_flat.models.nn import make_bayesian
 
         s = self.settings
+        # fine-tuning: the chains and guides start at the trained last layer
+        init = "fresh" if self.head_state is None else "current"
         return make_bayesian(self.network() if net is None else net,
-                             prior_scale=s.prior_scale, scale_rule=s.scale_rule)
+                             prior_scale=s.prior_scale, scale_rule=s.scale_rule, init=init)
 
     def bnn(self, net: torch.nn.Module | None = None) -> BNN:
         """The Pyro model of every method: ``BNN(net, likelihood, subsample_size=B)``, the
@@ -162,6 +169,7 @@ class Method:
     aliases: tuple[str, ...] = ()
     cost: float = 1.0  # rough time per gradient evaluation, relative to SGLD (scheduling)
     grads_per_step: int = 1  # gradient evaluations per SG step (2 for sharpness-aware steps)
+    tasks: tuple[str, ...] = ("classification", "regression")  # the tasks it runs on
 
 
 def stack_draws(draws: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

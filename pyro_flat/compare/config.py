@@ -34,9 +34,10 @@ ENTROPY_STEP_OVER_ETA = 0.025
 #: cosine cycle (the authors' CIFAR-10 run: T = 1e-4, 4 cycles, 2 draws of theta and theta_a).
 ENTROPY_AUTHORS_TEMPERATURE = 1e-4
 ENTROPY_AUTHORS_DRAWS_PER_CYCLE = 2
-#: ``--protocol`` choices: every method under the shared schedule, or the authors' protocols
-#: where they differ from it.
-PROTOCOLS = ("shared", "authors")
+#: ``--protocol`` choices: every method under the shared schedule, the authors' protocols
+#: where they differ from it, or every method on the last layer of a network trained first
+#: (:mod:`pyro_flat.compare.finetune`).
+PROTOCOLS = ("shared", "authors", "finetune")
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,9 @@ class Settings:
     contour_zeta: float = 0.75
     #: L2E's step size is sqrt(l2e_step_mult / N)
     l2e_step_mult: float = 2.0
+    #: ``--protocol finetune``: SGD steps that train the whole network before its last layer
+    #: is made Bayesian
+    finetune_steps: int = 3000
 
 
 @dataclass(frozen=True)

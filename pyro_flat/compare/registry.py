@@ -1,6 +1,7 @@
 """Every method ``pyro-flat compare`` knows, in the order of the table.
 
 Each family file (:mod:`~pyro_flat.compare.mcmc`, :mod:`~pyro_flat.compare.svi`,
+the last-layer Laplace of :mod:`~pyro_flat.compare.laplace`,
 :mod:`~pyro_flat.compare.swag`, :mod:`~pyro_flat.compare.ensemble`,
 :mod:`~pyro_flat.compare.sgd`) lists its :class:`~pyro_flat.compare.common.Method` s, each
 whole (runner, search grid, baselines); a new method is one entry there (a new family: a new
@@ -9,11 +10,11 @@ file added to ``FAMILIES``).
 
 from __future__ import annotations
 
-from pyro_flat.compare import ensemble, mcmc, reference, sgd, svi, swag
+from pyro_flat.compare import ensemble, laplace, mcmc, reference, sgd, svi, swag
 from pyro_flat.compare.common import Method
 from pyro_flat.compare.tuning import check_search
 
-FAMILIES = (mcmc, svi, swag, ensemble)
+FAMILIES = (mcmc, svi, swag, ensemble, laplace)
 #: The reference that every comparison includes, last in the table.
 BASELINE = "sgd"
 #: All methods by name, in table order (the reference last).
@@ -31,9 +32,10 @@ for _method in ALL.values():
             raise ValueError(f"{_method.name!r} is paired with {_baseline!r}, not a method")
 
 
-def implemented() -> list[str]:
-    """The methods ``--methods`` can name (the reference, which always runs, excluded)."""
-    return [n for n in ALL if n != BASELINE]
+def implemented(task: str | None = None) -> list[str]:
+    """The methods ``--methods`` can name (the reference, which always runs, excluded), of
+    ``task`` if given."""
+    return [n for n, m in ALL.items() if n != BASELINE and (task is None or task in m.tasks)]
 
 
 def method(name: str) -> Method:

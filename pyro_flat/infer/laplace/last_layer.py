@@ -240,9 +240,10 @@ class LastLayerLaplace:
         r"""Draws of the last layer's parameters :math:`\hat\theta + \Sigma^{1/2}
         \varepsilon`, ``(num_samples, P)`` (float64)."""
         curvature = self._fitted()
+        theta = self.map_parameters
         noise = torch.randn(num_samples, curvature.num_parameters, generator=generator,
-                            dtype=torch.float64)
-        return self.map_parameters + curvature.scale_noise(noise, self.prior_precision)
+                            dtype=torch.float64).to(theta.device)
+        return theta + curvature.scale_noise(noise, self.prior_precision)
 
     def sample_layer(self, num_samples: int, generator: torch.Generator | None = None
                      ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

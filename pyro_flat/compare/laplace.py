@@ -1,0 +1,60 @@
+"""The last-layer Laplace baseline of ``pyro-flat compare`` (classification).
+
+The network is trained as the SGD reference (:func:`pyro_flat.compare.sgd.train_map`, the same
+steps), then its last linear layer gets the Laplace approximation
+(:class:`pyro_flat.infer.laplace.LastLayerLaplace`: Kronecker-factored GGN, prior precision by
+the marginal likelihood); the draws are the trained network with its last layer drawn from that
+Gaussian, ``num_draws`` of them. The curvature costs one pass over the training data, counted
+as ``ceil(N / B)`` gradient evaluations. Under ``--protocol finetune`` the network is the head
+on the frozen backbone's features, so this is the Laplace approximation of the trained
+network's last layer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pyro_flat.compare.common import LR4, Context, Fit, Method, as_site_names, point_draws
+from pyro_flat.compare.sgd import train_map
+
+
+def run_laplace(method: str, ctx: Context) -> Fit:
+    """The SGD reference's network, then the Laplace approximation of its last layer."""
+    import pyro
+
+    from pyro_flat.infer.laplace import LastLayerLaplace
+
+    if ctx.task != "classification":
+        raise ValueError("laplace is a classification baseline here: the regression networks' "
+                         "heteroskedastic head has no Gaussian likelihood of fixed noise")
+    pyro.set_rng_seed(ctx.seed)
+    net = ctx.network()
+    steps = ctx.plan.steps
+    bar = ctx.progress(steps, method)
+    try:
+        train_map(ctx, net, steps, bar=bar)
+    finally:
+        bar.close()
+    net.eval()
+    data = ctx.data
+    la = LastLayerLaplace(net, "classification", "kron").fit(data.x_train, data.y_train)
+    delta = la.optimize_prior_precision()
+    num = ctx.plan.num_draws
+    draws = {k: v.expand(num, *v.shape[1:]).clone() for k, v in point_draws(net).items()}
+    weights, biases = zip(*la.sample_layer(num, torch.Generator().manual_seed(ctx.seed)),
+                          strict=True)
+    draws.update(as_site_names({f"{la.layer_name}.weight": torch.stack(weights),
+                                f"{la.layer_name}.bias": torch.stack(biases)}))
+    passes = math.ceil(ctx.num_train / min(ctx.settings.batch_size, ctx.num_train))
+    notes = {"prior_precision": delta, "log_marginal_likelihood": la.log_marginal_likelihood(),
+             "log_det_precision": la.log_det_precision(), "structure": "kron"}
+    return Fit(ctx.bayesian_copy(net), draws, steps + passes, notes=notes)
+
+
+METHODS = [
+    Method("laplace", "last-layer Laplace of the SGD reference's network: Kronecker-factored "
+           "GGN, prior precision by the marginal likelihood (classification)", run_laplace,
+           search=LR4, baselines=("sgd",), cost=1.0, tasks=("classification",)),
+]
