@@ -1,6 +1,7 @@
-"""Last-layer Laplace (pyro_flat.infer.laplace): the curvature against autograd's Hessian, the
-marginal likelihood and predictives against laplace-torch, the structures' square roots and
-output covariances against dense algebra, the prior precision's optimum, and the guide."""
+"""Laplace (pyro_flat.infer.laplace): the last layer's curvature against autograd's Hessian,
+the marginal likelihood and predictives against laplace-torch (last layer and subnetworks),
+the structures' square roots and output covariances against dense algebra, the prior
+precision's optimum, and the guide."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pyro.infer import Predictive
 
 import pyro_flat
 from pyro_flat.evaluation.predictive import guide_draws
-from pyro_flat.infer.laplace import LaplaceGuide, LastLayerLaplace
+from pyro_flat.infer.laplace import LaplaceGuide, LastLayerLaplace, SubnetworkLaplace
 from pyro_flat.infer.laplace.curvature import FullCurvature, KronCurvature
 from pyro_flat.models.bnn import BNN
 from pyro_flat.models.likelihoods import Categorical
@@ -208,3 +209,79 @@ def test_bad_inputs_name_the_argument():
         LaplaceGuide(LastLayerLaplace(net))
     with pytest.raises(ValueError, match="link must be"):
         LastLayerLaplace(net).fit(x, y).predictive(x, link="logit")
+
+
+# --------------------------------------------------------------------------- subnetworks
+
+SUBNET = torch.tensor([0, 3, 5, 17, 40, 41, 42, 50, 57])  # entries of both layers
+
+
+@pytest.mark.parametrize("task", ["classification", "regression"])
+@pytest.mark.parametrize("structure", ["full", "diag"])
+def test_subnetwork_agrees_with_laplace_torch(task, structure):
+    """laplace-torch's subnetwork Laplace on the same entries: marginal likelihood to 1e-6
+    relative, the probit predictive (or the linearised mean and variance) to 1e-5."""
+    laplace = pytest.importorskip("laplace")
+    net, x, y = problem(task, 3 if task == "classification" else 2)
+    kw = {"sigma_noise": 0.7} if task == "regression" else {}
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=50)
+    ref = laplace.Laplace(net, task, subset_of_weights="subnetwork", hessian_structure=structure,
+                          subnetwork_indices=SUBNET, prior_precision=2.0, **kw)
+    ref.fit(loader)
+    mine = SubnetworkLaplace(net, SUBNET, task, structure, prior_precision=2.0, **kw).fit(x, y)
+    assert mine.log_marginal_likelihood() == pytest.approx(ref.log_marginal_likelihood().item(),
+                                                           rel=1e-6)
+    if task == "classification":
+        expected = ref(x[:10], pred_type="glm", link_approx="probit").double()
+        torch.testing.assert_close(mine.predictive(x[:10]), expected, rtol=0, atol=1e-5)
+    else:
+        f_mu, f_var = ref(x[:10], pred_type="glm")
+        mean, cov = mine.functional(x[:10])
+        torch.testing.assert_close(mean, f_mu.double(), rtol=0, atol=1e-5)
+        torch.testing.assert_close(cov, f_var.double(), rtol=0, atol=1e-5)
+
+
+def test_subnetwork_of_the_last_layer_is_the_last_layer_laplace():
+    """Chosen by name, the last layer's parameters give LastLayerLaplace's full approximation
+    (Jacobians by torch.func against the closed form). To 1e-6: the subnetwork runs the whole
+    network in float64, LastLayerLaplace takes the backbone's features in float32."""
+    net, x, y = problem()
+    sub = SubnetworkLaplace(net, "2", prior_precision=1.7).fit(x, y)
+    last = LastLayerLaplace(net, "classification", "full", prior_precision=1.7).fit(x, y)
+    torch.testing.assert_close(sub.curvature.matrix, last.curvature.matrix, rtol=1e-6,
+                               atol=1e-6)
+    assert sub.log_marginal_likelihood() == pytest.approx(last.log_marginal_likelihood(),
+                                                          rel=1e-6)
+    torch.testing.assert_close(sub.predictive(x[:7]), last.predictive(x[:7]), rtol=1e-6,
+                               atol=1e-6)
+    probs = sub.predictive(x[:3], link="mc", num_samples=5,
+                           generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(probs, last.predictive(x[:3], link="mc", num_samples=5,
+                                                      generator=torch.Generator().manual_seed(0)),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_subnetwork_of_low_rank_adapters():
+    """The adapters' factors of add_lora as the subnetwork (every other parameter frozen)."""
+    from pyro_flat.models.finetune import add_lora, lora_parameter_names
+
+    net, x, y = problem()
+    adapted = add_lora(net, ["0", "2"], rank=2, generator=torch.Generator().manual_seed(0))
+    la = SubnetworkLaplace(adapted, lora_parameter_names(adapted), structure="diag").fit(x, y)
+    assert la.curvature.num_parameters == 2 * (4 + 8) + 2 * (8 + 3)
+    la.optimize_prior_precision()
+    probs = la.predictive(x[:4])
+    assert probs.shape == (4, 3) and torch.allclose(probs.sum(-1), torch.ones(4,
+                                                                               dtype=probs.dtype))
+
+
+def test_subnetwork_bad_inputs():
+    net, x, y = problem()
+    with pytest.raises(ValueError, match=r"not found: \['9'\]"):
+        SubnetworkLaplace(net, "9")
+    with pytest.raises(ValueError, match=r"distinct positions in \[0, 67\)"):
+        SubnetworkLaplace(net, torch.tensor([1, 1]))
+    with pytest.raises(ValueError, match=r"distinct positions"):
+        SubnetworkLaplace(net, torch.tensor([70]))
+    with pytest.raises(ValueError, match="structure must be 'full' or 'diag'"):
+        SubnetworkLaplace(net, "2", structure="kron")

@@ -46,6 +46,12 @@ class Curvature:
 
     def output_covariance(self, features: torch.Tensor, prior_precision: float) -> torch.Tensor:
         r""":math:`J \Sigma J^\top` at features ``(M, H)``: ``(M, C, C)``."""
+        return self.jacobian_covariance(_jacobian_rows(features, self.num_outputs),
+                                        prior_precision)
+
+    def jacobian_covariance(self, jacobian: torch.Tensor, prior_precision: float
+                            ) -> torch.Tensor:
+        r""":math:`J \Sigma J^\top` for Jacobians ``(M, C, P)``: ``(M, C, C)``."""
         raise NotImplementedError
 
     def scale_noise(self, noise: torch.Tensor, prior_precision: float) -> torch.Tensor:
@@ -75,6 +81,17 @@ class FullCurvature(Curvature):
         bb = lam.sum(0)
         self.matrix = torch.cat([torch.cat([ww, wb], 1), torch.cat([wb.T, bb], 1)], 0)
 
+    @classmethod
+    def from_matrix(cls, matrix: torch.Tensor, num_outputs: int) -> FullCurvature:
+        """The GGN given whole, of any parameters (a subnetwork's)."""
+        self = cls.__new__(cls)
+        self.num_outputs, self.num_features, self.matrix = num_outputs, None, matrix
+        return self
+
+    @property
+    def num_parameters(self) -> int:
+        return len(self.matrix)
+
     def _cholesky(self, prior_precision: float) -> torch.Tensor:
         eye = torch.eye(len(self.matrix), dtype=self.matrix.dtype, device=self.matrix.device)
         return torch.linalg.cholesky(self.matrix + prior_precision * eye)
@@ -82,8 +99,9 @@ class FullCurvature(Curvature):
     def log_det(self, prior_precision: float) -> torch.Tensor:
         return 2.0 * self._cholesky(prior_precision).diagonal().log().sum()
 
-    def output_covariance(self, features: torch.Tensor, prior_precision: float) -> torch.Tensor:
-        jac = _jacobian_rows(features, self.num_outputs)  # (M, C, P)
+    def jacobian_covariance(self, jacobian: torch.Tensor, prior_precision: float
+                            ) -> torch.Tensor:
+        jac = jacobian  # (M, C, P)
         chol = self._cholesky(prior_precision)
         # J L^-T: solve L X^T = J^T
         half = torch.linalg.solve_triangular(chol, jac.transpose(1, 2), upper=False)
@@ -102,6 +120,21 @@ class DiagCurvature(Curvature):
         lam = output_hessians.diagonal(dim1=-2, dim2=-1)  # (N, C)
         weight = torch.einsum("nc,nh->ch", lam, features.square()).reshape(-1)
         self.diagonal = torch.cat([weight, lam.sum(0)])
+
+    @classmethod
+    def from_diagonal(cls, diagonal: torch.Tensor, num_outputs: int) -> DiagCurvature:
+        """The GGN's diagonal given, of any parameters (a subnetwork's)."""
+        self = cls.__new__(cls)
+        self.num_outputs, self.num_features, self.diagonal = num_outputs, None, diagonal
+        return self
+
+    @property
+    def num_parameters(self) -> int:
+        return len(self.diagonal)
+
+    def jacobian_covariance(self, jacobian: torch.Tensor, prior_precision: float
+                            ) -> torch.Tensor:
+        return (jacobian / (self.diagonal + prior_precision)) @ jacobian.transpose(1, 2)
 
     def log_det(self, prior_precision: float) -> torch.Tensor:
         return (self.diagonal + prior_precision).log().sum()

@@ -27,14 +27,13 @@ NeurIPS (``laplace-torch``, whose conventions this follows).
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Iterator
 
 import torch
 from torch import nn
 
-from pyro_flat import validation
-from pyro_flat.infer.laplace.curvature import STRUCTURES, Curvature
+from pyro_flat.infer.laplace.base import LaplaceApproximation
+from pyro_flat.infer.laplace.curvature import STRUCTURES
 
 __all__ = ["LastLayerLaplace", "last_linear"]
 
@@ -47,7 +46,7 @@ def last_linear(net: nn.Module) -> tuple[str, nn.Linear]:
     return found[-1]
 
 
-class LastLayerLaplace:
+class LastLayerLaplace(LaplaceApproximation):
     r"""A Laplace approximation of the last linear layer of a trained ``net``.
 
     Target: :math:`\mathcal N(\hat\theta, (H/T + \delta I)^{-1})` over the last layer's
@@ -87,23 +86,17 @@ class LastLayerLaplace:
     def __init__(self, net: nn.Module, likelihood: str = "classification",
                  structure: str = "kron", sigma_noise: float = 1.0,
                  prior_precision: float = 1.0, temperature: float = 1.0):
-        if likelihood not in ("classification", "regression"):
-            raise ValueError(f"likelihood must be 'classification' or 'regression', got "
-                             f"{likelihood!r}")
+        super().__init__(likelihood, sigma_noise, prior_precision, temperature)
         if structure not in STRUCTURES:
             raise ValueError(f"structure must be one of {sorted(STRUCTURES)}, got {structure!r}")
         # a copy: make_bayesian(net) converts the network in place, after which its parameters
         # would be prior draws
         self.net = copy.deepcopy(net).eval()
-        self.likelihood, self.structure = likelihood, structure
-        self.sigma_noise = validation.positive("sigma_noise", sigma_noise)
-        self.prior_precision = validation.positive("prior_precision", prior_precision)
-        self.temperature = validation.positive("temperature", temperature)
+        self.structure = structure
         self.layer_name, self.layer = last_linear(self.net)
         if self.layer.bias is None:
             raise ValueError(f"the last linear layer {self.layer_name!r} has no bias; "
                              "LastLayerLaplace needs one")
-        self.curvature: Curvature | None = None
 
     # ------------------------------------------------------------------ features
 
@@ -130,16 +123,6 @@ class LastLayerLaplace:
         w, b = self.layer.weight.detach().double(), self.layer.bias.detach().double()
         return features @ w.T + b
 
-    def _output_hessians(self, outputs: torch.Tensor) -> torch.Tensor:
-        """:math:`\\Lambda_n / T` (and :math:`/\\sigma^2` for regression)."""
-        if self.likelihood == "classification":
-            p = outputs.softmax(-1)
-            lam = torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
-        else:
-            eye = torch.eye(outputs.shape[-1], dtype=outputs.dtype, device=outputs.device)
-            lam = eye.expand(len(outputs), -1, -1) / self.sigma_noise**2
-        return lam / self.temperature
-
     # ------------------------------------------------------------------ fit
 
     def fit(self, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024
@@ -151,56 +134,10 @@ class LastLayerLaplace:
                              f"{len(y)}")
         features = self.features(x, batch_size).double()
         outputs = self._outputs(features)
-        if self.likelihood == "classification":
-            log_lik = -torch.nn.functional.cross_entropy(outputs, y.long(), reduction="sum")
-        else:
-            target = y.double().reshape(outputs.shape)
-            n_out = outputs.numel()
-            log_lik = (-0.5 * (target - outputs).square().sum() / self.sigma_noise**2
-                       - n_out * math.log(self.sigma_noise * math.sqrt(2 * math.pi)))
-        self.log_likelihood = float(log_lik) / self.temperature
+        self.log_likelihood = self._log_likelihood(outputs, y)
         self.num_data = len(x)
         self.curvature = STRUCTURES[self.structure](features, self._output_hessians(outputs))
         return self
-
-    def _fitted(self) -> Curvature:
-        if self.curvature is None:
-            raise RuntimeError("call fit(x, y) first")
-        return self.curvature
-
-    def log_det_precision(self, prior_precision: float | None = None) -> float:
-        r""":math:`\log\det(H/T + \delta I)`, the curvature view of flatness: the
-        log-volume by which the data shrink the prior around the trained values (larger is
-        sharper)."""
-        delta = self.prior_precision if prior_precision is None else prior_precision
-        return float(self._fitted().log_det(delta))
-
-    def log_marginal_likelihood(self, prior_precision: float | None = None) -> float:
-        r"""The Laplace approximation of :math:`\log p(\mathcal D \mid \delta)` (module
-        docstring), at ``prior_precision`` (default the current one)."""
-        curvature = self._fitted()
-        delta = self.prior_precision if prior_precision is None else prior_precision
-        theta = self.map_parameters
-        log_det_ratio = self.log_det_precision(delta) - curvature.num_parameters * math.log(
-            delta)
-        return self.log_likelihood - 0.5 * (log_det_ratio + delta * float(theta @ theta))
-
-    def optimize_prior_precision(self, bounds: tuple[float, float] = (1e-6, 1e6)) -> float:
-        r"""Set :math:`\delta` to the maximiser of :meth:`log_marginal_likelihood` over
-        ``bounds`` (on a log grid, then SciPy's bounded scalar search) and return it."""
-        from scipy.optimize import minimize_scalar
-
-        lo, hi = math.log(bounds[0]), math.log(bounds[1])
-        grid = torch.linspace(lo, hi, 41).tolist()
-        values = [self.log_marginal_likelihood(math.exp(t)) for t in grid]
-        best = max(range(len(grid)), key=values.__getitem__)
-        a, b = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]
-        found = minimize_scalar(lambda t: -self.log_marginal_likelihood(math.exp(t)),
-                                bounds=(a, b), method="bounded", options={"xatol": 1e-8})
-        self.prior_precision = math.exp(float(found.x))
-        return self.prior_precision
-
-    # ------------------------------------------------------------------ predictions
 
     def functional(self, x: torch.Tensor, batch_size: int = 1024
                    ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -211,39 +148,9 @@ class LastLayerLaplace:
         return (self._outputs(features),
                 curvature.output_covariance(features, self.prior_precision))
 
-    def predictive(self, x: torch.Tensor, link: str = "probit", num_samples: int = 100,
-                   generator: torch.Generator | None = None) -> torch.Tensor:
-        r"""Class probabilities at ``x`` (classification): ``"probit"``, the linearised
-        predictive with the probit approximation :math:`\mathrm{softmax}(f /
-        \sqrt{1 + \pi\,\mathrm{diag}(J\Sigma J^\top)/8})`; ``"mc"``, the mean softmax over
-        ``num_samples`` draws of the last layer (the network's own predictive, not
-        linearised). Regression: the mean and the variance of the outputs (linearised; add
-        ``sigma_noise ** 2`` for the targets')."""
-        mean, cov = self.functional(x)
-        if self.likelihood == "regression":
-            return torch.stack([mean, cov.diagonal(dim1=-2, dim2=-1)], dim=-1)
-        if link == "probit":
-            kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * cov.diagonal(dim1=-2, dim2=-1))
-            return (kappa * mean).softmax(-1)
-        if link != "mc":
-            raise ValueError(f"link must be 'probit' or 'mc', got {link!r}")
-        features = self.features(x).double()
+    def _outputs_of(self, x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
         c = self.layer.out_features
-        probs = torch.zeros_like(mean)
-        for theta in self.sample(num_samples, generator):
-            w, b = theta[: -c].reshape(c, -1), theta[-c:]
-            probs += (features @ w.T + b).softmax(-1)
-        return probs / num_samples
-
-    def sample(self, num_samples: int, generator: torch.Generator | None = None
-               ) -> torch.Tensor:
-        r"""Draws of the last layer's parameters :math:`\hat\theta + \Sigma^{1/2}
-        \varepsilon`, ``(num_samples, P)`` (float64)."""
-        curvature = self._fitted()
-        theta = self.map_parameters
-        noise = torch.randn(num_samples, curvature.num_parameters, generator=generator,
-                            dtype=torch.float64).to(theta.device)
-        return theta + curvature.scale_noise(noise, self.prior_precision)
+        return self.features(x).double() @ theta[:-c].reshape(c, -1).T + theta[-c:]
 
     def sample_layer(self, num_samples: int, generator: torch.Generator | None = None
                      ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
