@@ -3,8 +3,9 @@ tensors by name, or single entries), the rest fixed at their trained values.
 
 The GGN of the chosen parameters :math:`\theta_S`, :math:`H = \sum_n J_n^\top \Lambda_n J_n`
 with :math:`J_n = \partial f(x_n) / \partial \theta_S` (``C x P``, by ``torch.func``), kept
-whole or by its diagonal; the rest as :mod:`pyro_flat.infer.laplace.base` (the marginal likelihood, the prior
-precision, the linearised predictive :math:`J \Sigma J^\top`, the draws). The cost is one
+whole or by its diagonal; the rest as :mod:`pyro_flat.infer.laplace.base` (the marginal
+likelihood, the prior precision, the linearised predictive :math:`J \Sigma J^\top`, the
+draws). The cost is one
 Jacobian per data point, ``C`` backward passes' worth each, and ``P^2`` numbers for the full
 structure: for subnetworks of up to a few thousand parameters (the choice of Daxberger et al.,
 2021), e.g. a low-rank adapter's factors.
