@@ -264,8 +264,14 @@ def _build_parser() -> _Parser:
         help=("shared: every method under the one schedule described above; authors: the "
               "authors' protocol where it differs (EntropyMCMC: cosine step-size cycles at "
               "T = 1e-4, its 2 last draws of each cycle kept); finetune: --model is trained "
-              "by SGD first, then every method runs on its last layer, on the frozen "
-              "backbone's features (default: %(default)s)"),
+              "by SGD first, then every method runs on a part of it (--finetune-part) "
+              "(default: %(default)s)"),
+    )
+    compare_parser.add_argument(
+        "--finetune-part", default="head", choices=("head", "adapters"),
+        help=("with --protocol finetune: head, the last linear layer on the frozen "
+              "backbone's features; adapters, rank-4 low-rank adapters on every linear layer, "
+              "the rest frozen (default: %(default)s)"),
     )
     compare_parser.add_argument(
         "--tune", action="store_true",
@@ -388,7 +394,10 @@ def compare_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     budget = dataclasses.replace(budget, unit=args.equal)
     if args.hidden != Settings.hidden and args.model != "mlp":
         parser.error("argument --hidden: sets the MLP's hidden layers; --model cnn has its own")
-    settings = task_settings(task, protocol=args.protocol, hidden=args.hidden)
+    if args.finetune_part != "head" and args.protocol != "finetune":
+        parser.error("argument --finetune-part: only with --protocol finetune")
+    settings = task_settings(task, protocol=args.protocol, hidden=args.hidden,
+                             finetune_part=args.finetune_part)
     plan = make_plan(budget, settings.exploration_fraction)
     if args.tune:
         opts.tune_plan = tuning_plan(budget, settings.exploration_fraction)

@@ -69,9 +69,10 @@ class Context:
     seed: int
     model: str = "mlp"
     show_progress: bool | None = None  # None: when stderr is a terminal (tqdm's rule)
-    #: ``--protocol finetune``: the trained last layer (``model == "head"``), where every
-    #: network and chain starts
-    head_state: dict[str, torch.Tensor] | None = None
+    #: ``--protocol finetune``: the trained network the methods work on (its last layer, or
+    #: the network with low-rank adapters), copied by :meth:`network`; every chain and guide
+    #: starts at its values
+    trained: torch.nn.Module | None = None
 
     @property
     def num_train(self) -> int:
@@ -87,9 +88,9 @@ class Context:
         per class, or the mean and the raw scale of a regression
         (:func:`pyro_flat.compare.task.num_outputs`)."""
         d = self.data
+        if self.trained is not None:
+            return copy.deepcopy(self.trained).to(d.x_train.device)
         net = build_network(self.model, d.input_shape, num_outputs(d), self.settings)
-        if self.head_state is not None:
-            net.load_state_dict(self.head_state)
         return net.to(d.x_train.device)
 
     def loss(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -103,7 +104,7 @@ class Context:
 
         s = self.settings
         # fine-tuning: the chains and guides start at the trained last layer
-        init = "fresh" if self.head_state is None else "current"
+        init = "fresh" if self.trained is None else "current"
         return make_bayesian(self.network() if net is None else net,
                              prior_scale=s.prior_scale, scale_rule=s.scale_rule, init=init)
 

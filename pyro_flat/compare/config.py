@@ -97,9 +97,14 @@ class Settings:
     contour_zeta: float = 0.75
     #: L2E's step size is sqrt(l2e_step_mult / N)
     l2e_step_mult: float = 2.0
-    #: ``--protocol finetune``: SGD steps that train the whole network before its last layer
+    #: ``--protocol finetune``: SGD steps that train the whole network before a part of it
     #: is made Bayesian
     finetune_steps: int = 3000
+    #: ``--protocol finetune``: that part, ``"head"`` (the last linear layer, on the frozen
+    #: backbone's features) or ``"adapters"`` (low-rank adapters on every linear layer)
+    finetune_part: str = "head"
+    #: the adapters' rank
+    lora_rank: int = 4
 
 
 @dataclass(frozen=True)

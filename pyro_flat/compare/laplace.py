@@ -24,7 +24,8 @@ def run_laplace(method: str, ctx: Context) -> Fit:
     """The SGD reference's network, then the Laplace approximation of its last layer."""
     import pyro
 
-    from pyro_flat.infer.laplace import LastLayerLaplace
+    from pyro_flat.infer.laplace import LastLayerLaplace, SubnetworkLaplace
+    from pyro_flat.models.finetune import lora_parameter_names
 
     if ctx.task != "classification":
         raise ValueError("laplace is a classification baseline here: the regression networks' "
@@ -39,17 +40,25 @@ def run_laplace(method: str, ctx: Context) -> Fit:
         bar.close()
     net.eval()
     data = ctx.data
-    la = LastLayerLaplace(net, "classification", "kron").fit(data.x_train, data.y_train)
-    delta = la.optimize_prior_precision()
-    num = ctx.plan.num_draws
+    num, generator = ctx.plan.num_draws, torch.Generator().manual_seed(ctx.seed)
     draws = {k: v.expand(num, *v.shape[1:]).clone() for k, v in point_draws(net).items()}
-    weights, biases = zip(*la.sample_layer(num, torch.Generator().manual_seed(ctx.seed)),
-                          strict=True)
-    draws.update(as_site_names({f"{la.layer_name}.weight": torch.stack(weights),
-                                f"{la.layer_name}.bias": torch.stack(biases)}))
+    adapters = lora_parameter_names(net)
+    if adapters:  # --protocol finetune --finetune-part adapters: the adapters' factors
+        la = SubnetworkLaplace(net, adapters, "classification", "diag")
+        structure = "diag (adapters)"
+    else:
+        la, structure = LastLayerLaplace(net, "classification", "kron"), "kron"
+    la.fit(data.x_train, data.y_train)
+    delta = la.optimize_prior_precision()
+    if adapters:
+        draws.update(as_site_names(la.sample_named(num, generator)))
+    else:
+        weights, biases = zip(*la.sample_layer(num, generator), strict=True)
+        draws.update(as_site_names({f"{la.layer_name}.weight": torch.stack(weights),
+                                    f"{la.layer_name}.bias": torch.stack(biases)}))
     passes = math.ceil(ctx.num_train / min(ctx.settings.batch_size, ctx.num_train))
     notes = {"prior_precision": delta, "log_marginal_likelihood": la.log_marginal_likelihood(),
-             "log_det_precision": la.log_det_precision(), "structure": "kron"}
+             "log_det_precision": la.log_det_precision(), "structure": structure}
     return Fit(ctx.bayesian_copy(net), draws, steps + passes, notes=notes)
 
 

@@ -101,8 +101,6 @@ def build_network(
             return build_cnn2d(shape, num_classes, settings.channels)
         raise ValueError(f"model 'cnn' reads signals (n,) or images (channels, height, width), "
                          f"got shape {shape}")
-    if name == "head":  # --protocol finetune: the last layer, on the backbone's features
-        return torch.nn.Sequential(torch.nn.Linear(math.prod(shape), num_classes))
     raise ValueError(f"model must be one of {', '.join(MODELS)}, got {name!r}")
 
 
@@ -111,8 +109,6 @@ def describe(name: str, input_shape: Sequence[int], num_classes: int, settings: 
     if name == "mlp":
         widths = [math.prod(input_shape), *settings.hidden, num_classes]
         return "mlp " + "-".join(map(str, widths))
-    if name == "head":
-        return f"head {math.prod(input_shape)}-{num_classes}"
     chans = "-".join(map(str, settings.channels))
     conv = "conv1d" if len(input_shape) == 1 else "conv2d"
     return f"cnn {conv} {chans} (k5, s2), 100, {num_classes}"

@@ -208,11 +208,11 @@ def _run_in_parallel(jobs: list[Job], workers: int, threads: int,
 
 def tune(opts: Options, data: Any, settings: Settings, seed: int, todo: list[str],
          workers: int, model: str | None = None,
-         head_state: dict[str, torch.Tensor] | None = None
+         trained: torch.nn.Module | None = None
          ) -> tuple[dict[str, Settings], dict[str, dict]]:
     """``--tune``: every candidate of every method of ``todo`` on the validation split of
     ``data`` (:mod:`pyro_flat.compare.tuning`); each method's chosen settings and its trials.
-    ``model`` and ``head_state``: as the final runs' (default ``opts.model``, none)."""
+    ``model`` and ``trained``: as the final runs' (default ``opts.model``, none)."""
     model = opts.model if model is None else model
     from pyro_flat.compare import tuning
 
@@ -226,7 +226,7 @@ def tune(opts: Options, data: Any, settings: Settings, seed: int, todo: list[str
             label = f"{name} [tune {i}/{tuning.CANDIDATES}]"
             values[label] = candidate
             ctx = Context(val, replace(settings, **candidate), plan, seed, model,
-                          opts.progress, head_state)
+                          opts.progress, trained)
             jobs.append(Job(label, name, ctx, export=False))
     outcomes = run_jobs(jobs, workers, opts.threads, opts.progress)
     chosen, report = {}, {}
@@ -266,13 +266,13 @@ def run_seed(opts: Options, settings: Settings, plan: Plan, seed: int) -> SeedRu
         return None
     data = data.to(opts.device)
     arch = describe(opts.model, data.input_shape, num_outputs(data), settings)
-    model, head_state = opts.model, None
+    model, trained = opts.model, None
     if settings.protocol == "finetune":  # the methods see the trained network's last layer
         from pyro_flat.compare.finetune import pretrain
 
         _say(f"pyro-flat compare: training {arch} by {settings.finetune_steps} SGD steps")
-        data, head_state, arch = pretrain(data, settings, opts.model, seed)
-        model = "head"
+        data, trained, arch = pretrain(data, settings, opts.model, seed)
+        model = "finetune"
     jobs = opts.jobs if opts.device.type == "cpu" else 1
     _say(
         f"pyro-flat compare: {data.name} ({data.num_train} train, {data.num_test} test, "
@@ -284,14 +284,14 @@ def run_seed(opts: Options, settings: Settings, plan: Plan, seed: int) -> SeedRu
     todo = [*opts.methods, registry.BASELINE]
     chosen, tuning_report = dict.fromkeys(todo, settings), {}
     if opts.tune_plan is not None:
-        chosen, tuning_report = tune(opts, data, settings, seed, todo, jobs, model, head_state)
+        chosen, tuning_report = tune(opts, data, settings, seed, todo, jobs, model, trained)
     final = [Job(name, name, Context(data, chosen[name], plan, seed, model, opts.progress,
-                                     head_state)) for name in todo]
+                                     trained)) for name in todo]
     if opts.reference != "none":  # at the defaults, never tuned; the last row
         todo.append(opts.reference)
         final.append(Job(opts.reference, opts.reference,
                          Context(data, settings, plan, seed, model, opts.progress,
-                                 head_state)))
+                                 trained)))
     outcomes = run_jobs(final, jobs, opts.threads, opts.progress)
     if opts.reference != "none":
         _score_against_reference(outcomes, opts.reference, task_of(data), seed)

@@ -23,14 +23,20 @@ from pyro_flat.compare.common import LR4, Context, Fit, Method, point_draws
 
 def _param_groups(net: torch.nn.Module, ctx: Context) -> list[dict]:
     s, n = ctx.settings, ctx.num_train
+
+    def decay(matrix: torch.Tensor) -> float:  # the prior's penalty, as make_bayesian's scale
+        fan_in = matrix[0].numel() if s.scale_rule == "fan_in" else 1
+        return 1 / (s.prior_scale**2 / fan_in * n)
+
     groups = []
     for layer in net.modules():
         weight = getattr(layer, "weight", None)
         if isinstance(weight, torch.nn.Parameter) and weight.dim() >= 2:
-            fan_in = weight[0].numel() if s.scale_rule == "fan_in" else 1
-            scale2 = s.prior_scale**2 / fan_in
             groups.append({"params": list(layer.parameters(recurse=False)),
-                           "weight_decay": 1 / (scale2 * n)})
+                           "weight_decay": decay(weight)})
+        else:  # e.g. a low-rank adapter's factors (its frozen weight is a buffer)
+            groups += [{"params": [p], "weight_decay": decay(p)}
+                       for p in layer.parameters(recurse=False) if p.dim() >= 2]
     return groups
 
 

@@ -165,6 +165,23 @@ class SubnetworkLaplace(LaplaceApproximation):
             covs.append(curvature.jacobian_covariance(jac, self.prior_precision))
         return torch.cat(means), torch.cat(covs)
 
+    def sample_named(self, num_samples: int, generator: torch.Generator | None = None
+                     ) -> dict[str, torch.Tensor]:
+        """Draws of every parameter that holds a chosen entry, by name and in its shape
+        (``(num_samples, *shape)``, its dtype; entries not chosen at their trained values)."""
+        draws = self._flat.double().repeat(num_samples, 1)
+        draws[:, self.indices] = self.sample(num_samples, generator)
+        chosen = torch.zeros(len(self._flat), dtype=torch.bool, device=self._flat.device)
+        chosen[self.indices] = True
+        out, offset = {}, 0
+        for name, shape in zip(self._names, self._shapes, strict=True):
+            size = shape.numel()
+            if bool(chosen[offset:offset + size].any()):
+                out[name] = draws[:, offset:offset + size].reshape(num_samples, *shape).to(
+                    self._flat.dtype)
+            offset += size
+        return out
+
     def _outputs_of(self, x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             return self._network_at(theta, x)
