@@ -13,6 +13,7 @@ from pyro.infer.autoguide import AutoNormal
 from pyro_flat.evaluation.predictive import bma_probs
 from pyro_flat.infer import SGLD, LeanELBO
 from pyro_flat.infer.mcmc import registry
+from pyro_flat.models.bnn import BNN
 from pyro_flat.models.finetune import (
     TrainedNetwork,
     add_lora,
@@ -97,6 +98,22 @@ def test_every_kernel_runs_on_the_head(name):
         assert torch.equal(v, before[k]), k
 
 
+@pytest.mark.parametrize("name", registry.KERNELS)
+def test_every_kernel_runs_on_low_rank_adapters(name):
+    net, x, y = trained_cnn()
+    adapted = add_lora(net, ["6", "8"], rank=2, generator=torch.Generator().manual_seed(0))
+    names = lora_parameter_names(adapted)
+    model = BNN(make_bayesian(adapted, 0.1, include=names, init="current"), Categorical(),
+                subsample_size=30)
+    kernel = registry.KERNELS[name](model, step_size=1e-4, **REQUIRED.get(name, {}))
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(kernel, num_samples=3, warmup_steps=2, disable_progbar=True)
+    mcmc.run(x, y)
+    draws = mcmc.get_samples()  # (and EntropyMCMC's guide draws, "<site>__guide")
+    assert {k.removesuffix("__guide") for k in draws} == {"net." + n for n in names}
+    assert all(torch.isfinite(v).all() for v in draws.values())
+
+
 def test_svi_fits_only_the_guide():
     """The backbone is buffers, not pyro.param sites: SVI's parameters are the guide's."""
     pyro.clear_param_store()
@@ -120,8 +137,6 @@ def test_lora_adapters_start_at_the_trained_network_and_only_they_move():
     names = lora_parameter_names(adapted)
     assert names == ["6.lora_a", "6.lora_b", "8.lora_a", "8.lora_b"]
     assert [n for n, _ in adapted.named_parameters()] == names  # the rest frozen
-    from pyro_flat.models.bnn import BNN
-
     model = BNN(make_bayesian(adapted, 0.1, include=names, init="current"), Categorical(),
                 subsample_size=30)
     draws = run_sgld(model, x, y)
