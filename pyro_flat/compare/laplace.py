@@ -17,28 +17,19 @@ import math
 import torch
 
 from pyro_flat.compare.common import LR4, Context, Fit, Method, as_site_names, point_draws
-from pyro_flat.compare.sgd import train_map
+from pyro_flat.compare.sgd import train_reference
 
 
 def run_laplace(method: str, ctx: Context) -> Fit:
     """The SGD reference's network, then the Laplace approximation of its last layer."""
-    import pyro
-
     from pyro_flat.infer.laplace import LastLayerLaplace, SubnetworkLaplace
     from pyro_flat.models.finetune import lora_parameter_names
 
     if ctx.task != "classification":
         raise ValueError("laplace is a classification baseline here: the regression networks' "
                          "heteroskedastic head has no Gaussian likelihood of fixed noise")
-    pyro.set_rng_seed(ctx.seed)
-    net = ctx.network()
+    net = train_reference(method, ctx).eval()
     steps = ctx.plan.steps
-    bar = ctx.progress(steps, method)
-    try:
-        train_map(ctx, net, steps, bar=bar)
-    finally:
-        bar.close()
-    net.eval()
     data = ctx.data
     num, generator = ctx.plan.num_draws, torch.Generator().manual_seed(ctx.seed)
     draws = {k: v.expand(num, *v.shape[1:]).clone() for k, v in point_draws(net).items()}

@@ -88,19 +88,25 @@ def train_map(
             on_step(i)
 
 
-def run_sgd(method: str, ctx: Context) -> Fit:
-    """The reference: one network at the MAP, its parameters as a single draw."""
+def train_reference(method: str, ctx: Context) -> torch.nn.Module:
+    """The reference's network: ``ctx.network()`` after the plan's SGD steps on the MAP loss,
+    seeded by ``ctx.seed`` (the progress bar labelled ``method``)."""
     import pyro
 
     pyro.set_rng_seed(ctx.seed)
     net = ctx.network()
-    steps = ctx.plan.steps
-    bar = ctx.progress(steps, method)
+    bar = ctx.progress(ctx.plan.steps, method)
     try:
-        train_map(ctx, net, steps, bar=bar)
+        train_map(ctx, net, ctx.plan.steps, bar=bar)
     finally:
         bar.close()
-    return Fit(ctx.bayesian_copy(net), point_draws(net), steps)
+    return net
+
+
+def run_sgd(method: str, ctx: Context) -> Fit:
+    """The reference: one network at the MAP, its parameters as a single draw."""
+    net = train_reference(method, ctx)
+    return Fit(ctx.bayesian_copy(net), point_draws(net), ctx.plan.steps)
 
 
 METHODS = [

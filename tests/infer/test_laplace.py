@@ -112,14 +112,20 @@ def test_agrees_with_laplace_torch(task, structure, prior_precision):
     ref.fit(loader)
     mine = LastLayerLaplace(net, task, structure, prior_precision=prior_precision,
                             **kw).fit(x, y)
-    expected = ref.log_marginal_likelihood().item()
-    assert mine.log_marginal_likelihood() == pytest.approx(expected, rel=1e-6)
+    assert_agrees(mine, ref, task, x[:10])
+
+
+def assert_agrees(mine, ref, task, x):
+    """Marginal likelihood to 1e-6 relative; the probit predictive (classification) or the
+    linearised mean and variance (regression) at ``x`` to 1e-5."""
+    assert mine.log_marginal_likelihood() == pytest.approx(ref.log_marginal_likelihood().item(),
+                                                           rel=1e-6)
     if task == "classification":
-        expected = ref(x[:10], pred_type="glm", link_approx="probit").double()
-        torch.testing.assert_close(mine.predictive(x[:10]), expected, rtol=0, atol=1e-5)
+        expected = ref(x, pred_type="glm", link_approx="probit").double()
+        torch.testing.assert_close(mine.predictive(x), expected, rtol=0, atol=1e-5)
     else:
-        f_mu, f_var = ref(x[:10], pred_type="glm")
-        mean, cov = mine.functional(x[:10])
+        f_mu, f_var = ref(x, pred_type="glm")
+        mean, cov = mine.functional(x)
         torch.testing.assert_close(mean, f_mu.double(), rtol=0, atol=1e-5)
         torch.testing.assert_close(cov, f_var.double(), rtol=0, atol=1e-5)
 
@@ -229,16 +235,7 @@ def test_subnetwork_agrees_with_laplace_torch(task, structure):
                           subnetwork_indices=SUBNET, prior_precision=2.0, **kw)
     ref.fit(loader)
     mine = SubnetworkLaplace(net, SUBNET, task, structure, prior_precision=2.0, **kw).fit(x, y)
-    assert mine.log_marginal_likelihood() == pytest.approx(ref.log_marginal_likelihood().item(),
-                                                           rel=1e-6)
-    if task == "classification":
-        expected = ref(x[:10], pred_type="glm", link_approx="probit").double()
-        torch.testing.assert_close(mine.predictive(x[:10]), expected, rtol=0, atol=1e-5)
-    else:
-        f_mu, f_var = ref(x[:10], pred_type="glm")
-        mean, cov = mine.functional(x[:10])
-        torch.testing.assert_close(mean, f_mu.double(), rtol=0, atol=1e-5)
-        torch.testing.assert_close(cov, f_var.double(), rtol=0, atol=1e-5)
+    assert_agrees(mine, ref, task, x[:10])
 
 
 def test_subnetwork_of_the_last_layer_is_the_last_layer_laplace():
