@@ -105,6 +105,10 @@ class Settings:
     finetune_part: str = "head"
     #: the adapters' rank
     lora_rank: int = 4
+    #: ``lr`` is multiplied by this for adapters: at the shared ``lr`` every SG-MCMC kernel's
+    #: chain on the digits CNN's adapters diverged within 300-3,200 steps (the factors of a
+    #: product drift along its scale symmetry into higher curvature); at a tenth none did
+    adapter_lr_factor: float = 0.1
 
 
 @dataclass(frozen=True)

@@ -273,6 +273,8 @@ def run_seed(opts: Options, settings: Settings, plan: Plan, seed: int) -> SeedRu
         _say(f"pyro-flat compare: training {arch} by {settings.finetune_steps} SGD steps")
         data, trained, arch = pretrain(data, settings, opts.model, seed)
         model = "finetune"
+        if settings.finetune_part == "adapters":
+            settings = replace(settings, lr=settings.lr * settings.adapter_lr_factor)
     jobs = opts.jobs if opts.device.type == "cpu" else 1
     _say(
         f"pyro-flat compare: {data.name} ({data.num_train} train, {data.num_test} test, "
