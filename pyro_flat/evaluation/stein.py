@@ -232,6 +232,19 @@ def model_scores(
     -------
     ModelScores
         ``(draws, scores, minibatched)``, the first two ``(n, d)``.
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> def model(y):
+    ...     s = pyro.sample("s", dist.LogNormal(0.0, 1.0))
+    ...     with pyro.plate("data", len(y)):
+    ...         pyro.sample("y", dist.Normal(0.0, s), obs=y)
+    >>> draws, scores, minibatched = model_scores(model, {"s": torch.ones(3)}, torch.zeros(4))
+    >>> draws.squeeze(-1).tolist()  # log s, the unconstrained value
+    [0.0, 0.0, 0.0]
+    >>> scores.squeeze(-1).tolist()  # d/dz [log p(z) + 4 log N(0; 0, e^z)] at z = 0: -4
+    [-4.0, -4.0, -4.0]
     """
     rng = pyro.util.get_rng_state()
     try:

@@ -211,6 +211,21 @@ def add_lora(net: nn.Module, layers: str | Iterable[str], rank: int = 4,
     Make the adapters Bayesian with ``make_bayesian(adapted,
     include=lora_parameter_names(adapted), init="current")``: the chains then start at
     :math:`B = 0`, the trained network.
+
+    Examples
+    --------
+    >>> import torch
+    >>> net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    >>> adapted = add_lora(net, ["0", "2"], rank=2)
+    >>> lora_parameter_names(adapted)
+    ['0.lora_a', '0.lora_b', '2.lora_a', '2.lora_b']
+    >>> x = torch.randn(5, 4)
+    >>> bool(torch.allclose(adapted(x), net(x)))  # B = 0: the trained network's output
+    True
+
+    References
+    ----------
+    Hu, E. et al. (2022). LoRA: low-rank adaptation of large language models. ICLR.
     """
     names = [layers] if isinstance(layers, str) else list(layers)
     modules = dict(net.named_modules())
