@@ -41,12 +41,7 @@ def run_laplace(method: str, ctx: Context) -> Fit:
         la, structure = LastLayerLaplace(net, "classification", "kron"), "kron"
     la.fit(data.x_train, data.y_train)
     delta = la.optimize_prior_precision()
-    if adapters:
-        draws.update(as_site_names(la.sample_named(num, generator)))
-    else:
-        weights, biases = zip(*la.sample_layer(num, generator), strict=True)
-        draws.update(as_site_names({f"{la.layer_name}.weight": torch.stack(weights),
-                                    f"{la.layer_name}.bias": torch.stack(biases)}))
+    draws.update(as_site_names(la.sample_named(num, generator)))
     passes = math.ceil(ctx.num_train / min(ctx.settings.batch_size, ctx.num_train))
     notes = {"prior_precision": delta, "log_marginal_likelihood": la.log_marginal_likelihood(),
              "log_det_precision": la.log_det_precision(), "structure": structure}

@@ -152,6 +152,15 @@ class LastLayerLaplace(LaplaceApproximation):
         c = self.layer.out_features
         return self.features(x).double() @ theta[:-c].reshape(c, -1).T + theta[-c:]
 
+    def sample_named(self, num_samples: int, generator: torch.Generator | None = None
+                     ) -> dict[str, torch.Tensor]:
+        """Draws of the last layer's weight and bias by their names in the network
+        (``(num_samples, *shape)``, their dtype), as :class:`~.subnetwork.SubnetworkLaplace`'s
+        ``sample_named``."""
+        weights, biases = zip(*self.sample_layer(num_samples, generator), strict=True)
+        prefix = self.layer_name + "." if self.layer_name else ""
+        return {prefix + "weight": torch.stack(weights), prefix + "bias": torch.stack(biases)}
+
     def sample_layer(self, num_samples: int, generator: torch.Generator | None = None
                      ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Draws as ``(weight, bias)`` in the layer's shapes and dtype."""
