@@ -46,8 +46,11 @@ from pyro_flat.evaluation.regression import (
     rmse,
     wasserstein2,
 )
+from pyro_flat.evaluation.stein import kernel_stein_discrepancy
 from pyro_flat.infer import SGHMC, SGLD, LeanELBO, SGMCMCKernel
+from pyro_flat.infer.laplace import LastLayerLaplace, SubnetworkLaplace
 from pyro_flat.models.bnn import BNN
+from pyro_flat.models.finetune import TrainedNetwork, add_lora
 from pyro_flat.models.likelihoods import HeteroskedasticGaussian, HomoskedasticGaussian
 from pyro_flat.target import tracing
 
@@ -107,7 +110,90 @@ def lean_elbo_loss(**kwargs):
 
 #: ``"Owner.parameter: what"`` -> (call, exception or warning class, pattern). A call taking
 #: ``tmp`` gets a fresh temporary folder.
+def small_net() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+
+
+KSD_X = torch.randn(6, 2)
+
 CASES: dict[str, tuple[Callable, type, str]] = {
+    # ---------------------------------------------------------------- fine-tuning, Laplace, KSD
+    "LastLayerLaplace.net: not a module": (lambda: LastLayerLaplace(5), ValueError,
+                                           "net must be a torch.nn.Module"),
+    "LastLayerLaplace.likelihood: unknown": (
+        lambda: LastLayerLaplace(small_net(), "poisson"), ValueError,
+        "likelihood must be 'classification' or 'regression'"),
+    "LastLayerLaplace.structure: unknown": (
+        lambda: LastLayerLaplace(small_net(), structure="lowrank"), ValueError,
+        r"structure must be one of \['diag', 'full', 'kron'\]"),
+    "LastLayerLaplace.sigma_noise: 0": (
+        lambda: LastLayerLaplace(small_net(), "regression", sigma_noise=0.0), ValueError,
+        r"sigma_noise must be a finite number in \(0, inf\)"),
+    "LastLayerLaplace.prior_precision: negative": (
+        lambda: LastLayerLaplace(small_net(), prior_precision=-1.0), ValueError,
+        "prior_precision must be a finite number"),
+    "LastLayerLaplace.temperature: NaN": (
+        lambda: LastLayerLaplace(small_net(), temperature=math.nan), ValueError,
+        "temperature must be a finite number"),
+    "SubnetworkLaplace.net: not a module": (lambda: SubnetworkLaplace("net", "0"), ValueError,
+                                            "net must be a torch.nn.Module"),
+    "SubnetworkLaplace.indices: repeated": (
+        lambda: SubnetworkLaplace(small_net(), torch.tensor([1, 1])), ValueError,
+        r"indices must be distinct positions in \[0, 26\)"),
+    "SubnetworkLaplace.indices: no such parameter": (
+        lambda: SubnetworkLaplace(small_net(), "5"), ValueError,
+        r"indices must name parameters or modules of the network; not found: \['5'\]"),
+    "SubnetworkLaplace.likelihood: unknown": (
+        lambda: SubnetworkLaplace(small_net(), "0", "ordinal"), ValueError,
+        "likelihood must be"),
+    "SubnetworkLaplace.structure: kron": (
+        lambda: SubnetworkLaplace(small_net(), "0", structure="kron"), ValueError,
+        "structure must be 'full' or 'diag'"),
+    "SubnetworkLaplace.sigma_noise: negative": (
+        lambda: SubnetworkLaplace(small_net(), "0", "regression", sigma_noise=-2.0),
+        ValueError, "sigma_noise must be a finite number"),
+    "SubnetworkLaplace.prior_precision: 0": (
+        lambda: SubnetworkLaplace(small_net(), "0", prior_precision=0.0), ValueError,
+        "prior_precision must be a finite number"),
+    "SubnetworkLaplace.temperature: infinite": (
+        lambda: SubnetworkLaplace(small_net(), "0", temperature=math.inf), ValueError,
+        "temperature must be a finite number"),
+    "TrainedNetwork.net: not a module": (lambda: TrainedNetwork([1, 2]), ValueError,
+                                         "net must be a torch.nn.Module"),
+    "TrainedNetwork.head: no such module": (lambda: TrainedNetwork(small_net(), head="fc"),
+                                            ValueError, "head must name a submodule"),
+    "add_lora.net: not a module": (lambda: add_lora(None, ["0"]), ValueError,
+                                   "net must be a torch.nn.Module"),
+    "add_lora.layers: not a Linear": (lambda: add_lora(small_net(), ["1"]), ValueError,
+                                      "layers must name nn.Linear modules of the network"),
+    "add_lora.layers: none": (lambda: add_lora(small_net(), []), ValueError,
+                              "layers must name at least one"),
+    "add_lora.rank: 0": (lambda: add_lora(small_net(), "0", rank=0), ValueError, "rank"),
+    "add_lora.alpha: negative": (lambda: add_lora(small_net(), "0", alpha=-1.0), ValueError,
+                                 "alpha must be a finite number"),
+    "kernel_stein_discrepancy.draws: one dimension": (
+        lambda: kernel_stein_discrepancy(torch.randn(6), torch.randn(6)), ValueError,
+        r"draws and scores must both be \(n, d\)"),
+    "kernel_stein_discrepancy.scores: another shape": (
+        lambda: kernel_stein_discrepancy(KSD_X, KSD_X[:, :1]), ValueError,
+        r"draws and scores must both be \(n, d\)"),
+    "kernel_stein_discrepancy.log_weights: another length": (
+        lambda: kernel_stein_discrepancy(KSD_X, -KSD_X, log_weights=torch.zeros(2)),
+        ValueError, r"log_weights must be \(6,\)"),
+    "kernel_stein_discrepancy.estimator: unknown": (
+        lambda: kernel_stein_discrepancy(KSD_X, -KSD_X, estimator="w"), ValueError,
+        "estimator must be 'v' or 'u'"),
+    "kernel_stein_discrepancy.c: 0": (
+        lambda: kernel_stein_discrepancy(KSD_X, -KSD_X, c=0.0), ValueError, "c must be"),
+    "kernel_stein_discrepancy.beta: -1": (
+        lambda: kernel_stein_discrepancy(KSD_X, -KSD_X, beta=-1.0), ValueError,
+        r"beta must be in \(-1, 0\)"),
+    "kernel_stein_discrepancy.lengthscale: NaN": (
+        lambda: kernel_stein_discrepancy(KSD_X, -KSD_X, lengthscale=math.nan), ValueError,
+        "lengthscale must be"),
+    "kernel_stein_discrepancy.block_size: 0": (
+        lambda: kernel_stein_discrepancy(KSD_X, -KSD_X, block_size=0), ValueError,
+        "block_size"),
     # ---------------------------------------------------------------- regression metrics
     "crps.draws: one draw": (lambda: crps(DRAWS[:1], Y), ValueError,
                              r"draws must have shape \(num_draws >= 2, num_data >= 1\)"),
@@ -429,6 +515,10 @@ CLI_CASES: dict[str, tuple[list[str], str]] = {
     "--budget: a word": (["--budget", "fast"], "argument --budget"),
     "--equal: unknown": (["--equal", "flops"], "argument --equal: invalid choice: 'flops'"),
     "--protocol: unknown": (["--protocol", "paper"], "argument --protocol: invalid choice"),
+    "--finetune-part: unknown": (["--protocol", "finetune", "--finetune-part", "body"],
+                                 "argument --finetune-part: invalid choice: 'body'"),
+    "--finetune-part: without --protocol finetune": (
+        ["--finetune-part", "adapters"], "argument --finetune-part: only with --protocol finetune"),
     "--tune: with only the reference": (["--tune", "--methods", "sgd"],
                                         "argument --methods: name at least one of"),
     "--seed: negative": (["--seed", "-1"], "argument --seed"),
@@ -457,6 +547,7 @@ ANY_VALUE = {
     "LeanMCMC.disable_progbar": "Pyro's own: any truthy value",
     "LeanMCMC.disable_validation": "Pyro's own: any truthy value",
     "LeanMCMC.transforms": "Pyro's own: a dict of transforms, as MCMC takes",
+    "add_lora.generator": "torch's own: the random stream of the adapters' A factors",
 }
 
 #: The public functions and classes of the last two turns, by the name the cases use.
@@ -466,7 +557,8 @@ SURFACE: dict[str, Callable] = {
         predictive_summary, wasserstein2, LeanMCMC, DrawWriter, open_draws, DistributedMCMC,
         data_parallel, process_group, rank, world_size, shard_bounds, shard_rows, SGMCMCKernel,
         SGHMC, LeanELBO, BNN, HeteroskedasticGaussian, HomoskedasticGaussian,
-        reference_predictive)
+        reference_predictive, LastLayerLaplace, SubnetworkLaplace, TrainedNetwork, add_lora,
+        kernel_stein_discrepancy)
 }
 
 

@@ -49,6 +49,7 @@ import pyro
 import torch
 from pyro.infer.autoguide.initialization import init_to_sample
 
+from pyro_flat import validation
 from pyro_flat.target import ModelPotential, Target, trace_model
 
 __all__ = ["ModelScores", "imq_stein_kernel", "kernel_stein_discrepancy", "model_scores",
@@ -165,6 +166,7 @@ def kernel_stein_discrepancy(
     Gorham, J. and Mackey, L. (2017). Measuring sample quality with kernels. ICML.
     """
     _check_kernel(c, beta, lengthscale)
+    block_size = validation.integer_at_least("block_size", block_size, 1)
     if estimator not in ("v", "u"):
         raise ValueError(f"estimator must be 'v' or 'u', got {estimator!r}")
     if draws.dim() != 2 or scores.shape != draws.shape:

@@ -119,6 +119,9 @@ class TrainedNetwork:
     """
 
     def __init__(self, net: nn.Module, head: str | None = None):
+        if not isinstance(net, nn.Module):
+            raise ValueError(f"net must be a torch.nn.Module (the trained network), got "
+                             f"{type(net).__name__}")
         if head is None:
             linear = [n for n, m in net.named_modules() if isinstance(m, nn.Linear)]
             if not linear:
@@ -227,7 +230,12 @@ def add_lora(net: nn.Module, layers: str | Iterable[str], rank: int = 4,
     ----------
     Hu, E. et al. (2022). LoRA: low-rank adaptation of large language models. ICLR.
     """
+    if not isinstance(net, nn.Module):
+        raise ValueError(f"net must be a torch.nn.Module (the trained network), got "
+                         f"{type(net).__name__}")
     names = [layers] if isinstance(layers, str) else list(layers)
+    if not names:
+        raise ValueError("layers must name at least one nn.Linear module of the network")
     modules = dict(net.named_modules())
     for name in names:
         if not isinstance(modules.get(name), nn.Linear):

@@ -20,10 +20,18 @@ import torch
 from pyro_flat import validation
 from pyro_flat.infer.laplace.curvature import Curvature
 
-__all__ = ["LaplaceApproximation", "LIKELIHOODS"]
+__all__ = ["LaplaceApproximation", "LIKELIHOODS", "check_module"]
 
 #: The likelihoods: a softmax over the outputs, or a Gaussian of fixed scale around them.
 LIKELIHOODS = ("classification", "regression")
+
+
+def check_module(name: str, value: object) -> torch.nn.Module:
+    """``value`` if it is a ``torch.nn.Module``, else a ``ValueError`` naming ``name``."""
+    if not isinstance(value, torch.nn.Module):
+        raise ValueError(f"{name} must be a torch.nn.Module (the trained network), got "
+                         f"{type(value).__name__}")
+    return value
 
 
 class LaplaceApproximation:

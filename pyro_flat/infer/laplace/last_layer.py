@@ -32,7 +32,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from pyro_flat.infer.laplace.base import LaplaceApproximation
+from pyro_flat.infer.laplace.base import LaplaceApproximation, check_module
 from pyro_flat.infer.laplace.curvature import STRUCTURES
 
 __all__ = ["LastLayerLaplace", "last_linear"]
@@ -91,7 +91,7 @@ class LastLayerLaplace(LaplaceApproximation):
             raise ValueError(f"structure must be one of {sorted(STRUCTURES)}, got {structure!r}")
         # a copy: make_bayesian(net) converts the network in place, after which its parameters
         # would be prior draws
-        self.net = copy.deepcopy(net).eval()
+        self.net = copy.deepcopy(check_module("net", net)).eval()
         self.structure = structure
         self.layer_name, self.layer = last_linear(self.net)
         if self.layer.bias is None:

@@ -26,7 +26,7 @@ from torch import nn
 from torch.func import functional_call, jacrev, vmap
 
 from pyro_flat import validation
-from pyro_flat.infer.laplace.base import LaplaceApproximation
+from pyro_flat.infer.laplace.base import LaplaceApproximation, check_module
 from pyro_flat.infer.laplace.curvature import DiagCurvature, FullCurvature
 
 __all__ = ["SubnetworkLaplace", "subnetwork_indices"]
@@ -36,6 +36,10 @@ def subnetwork_indices(net: nn.Module, names: str | Iterable[str]) -> torch.Tens
     """The positions, in ``torch.nn.utils.parameters_to_vector(net.parameters())``, of the
     parameters named in ``names`` (as in ``named_parameters()``, or module prefixes: ``"fc"``
     selects ``fc.weight`` and ``fc.bias``)."""
+    return _named_indices(net, names, "names")
+
+
+def _named_indices(net: nn.Module, names: str | Iterable[str], argument: str) -> torch.Tensor:
     names = [names] if isinstance(names, str) else list(names)
     out, offset, found = [], 0, set()
     for name, p in net.named_parameters():
@@ -46,8 +50,8 @@ def subnetwork_indices(net: nn.Module, names: str | Iterable[str]) -> torch.Tens
         offset += p.numel()
     missing = [n for n in names if n not in found]
     if missing:
-        raise ValueError(f"names must be parameters or modules of the network; not found: "
-                         f"{missing}")
+        raise ValueError(f"{argument} must name parameters or modules of the network; not "
+                         f"found: {missing}")
     return torch.cat(out)
 
 
@@ -87,12 +91,12 @@ class SubnetworkLaplace(LaplaceApproximation):
         if structure not in ("full", "diag"):
             raise ValueError(f"structure must be 'full' or 'diag', got {structure!r}")
         self.structure = structure
-        self.net = copy.deepcopy(net).eval()
+        self.net = copy.deepcopy(check_module("net", net)).eval()
         self._names = [n for n, _ in self.net.named_parameters()]
         self._shapes = [p.shape for _, p in self.net.named_parameters()]
         self._flat = torch.nn.utils.parameters_to_vector(self.net.parameters()).detach()
         if not torch.is_tensor(indices):
-            indices = subnetwork_indices(self.net, indices)
+            indices = _named_indices(self.net, indices, "indices")
         indices = indices.long().flatten()
         if len(indices) == 0 or len(indices.unique()) != len(indices) or bool(
                 (indices < 0).any() or (indices >= len(self._flat)).any()):
