@@ -137,15 +137,15 @@ class TrainedNetwork:
         self.backbone = copy.deepcopy(net)
         _replace(self.backbone, head, nn.Identity())
         freeze_(self.backbone)
-        self._reference = freeze_(copy.deepcopy(net))
-        self._checked = False
+        # kept until features() has checked the split on data (then dropped)
+        self._reference: nn.Module | None = freeze_(copy.deepcopy(net))
 
     def features(self, x: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
         """The backbone's output at ``x``, in chunks of ``batch_size`` rows, without
         gradients: ``(N, ...)``, the inputs of :meth:`head_model`."""
         batch_size = validation.integer_at_least("batch_size", batch_size, 1)
         with torch.no_grad():
-            if not self._checked:
+            if self._reference is not None:
                 probe = x[:8]
                 try:
                     same = torch.allclose(self._reference(probe),
@@ -156,7 +156,7 @@ class TrainedNetwork:
                     raise ValueError(f"the network's output is not head(backbone(x)) with head "
                                      f"{self.head_name!r}: the head must be the module applied "
                                      "last; name it with head=...")
-                self._checked = True
+                self._reference = None
             return torch.cat([self.backbone(chunk) for chunk in x.split(batch_size)])
 
     def head_model(self, likelihood: Likelihood, *, prior_scale: float = 1.0,

@@ -38,7 +38,7 @@ class LaplaceApproximation:
     """The shared part of :class:`~.last_layer.LastLayerLaplace` and
     :class:`~.subnetwork.SubnetworkLaplace`; they give :attr:`map_parameters`,
     ``fit`` (which sets ``curvature``, ``log_likelihood`` and ``num_data``),
-    :meth:`functional` and ``_outputs_of`` (the outputs at other parameter values)."""
+    :meth:`functional` and ``_outputs_of`` (the outputs at draws of the parameters)."""
 
     def __init__(self, likelihood: str, sigma_noise: float, prior_precision: float,
                  temperature: float):
@@ -62,8 +62,9 @@ class LaplaceApproximation:
         trained network's outputs) and the covariance :math:`J\Sigma J^\top` ``(M, C, C)``."""
         raise NotImplementedError
 
-    def _outputs_of(self, x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-        """The network's outputs at ``x`` with its approximated parameters at ``theta``."""
+    def _outputs_of(self, x: torch.Tensor, thetas: torch.Tensor) -> torch.Tensor:
+        """The network's outputs at ``x`` with its approximated parameters at each draw of
+        ``thetas`` ``(S, P)``: ``(S, M, C)``."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ the likelihood
@@ -145,10 +146,7 @@ class LaplaceApproximation:
             return (kappa * mean).softmax(-1)
         if link != "mc":
             raise ValueError(f"link must be 'probit' or 'mc', got {link!r}")
-        probs = torch.zeros_like(mean)
-        for theta in self.sample(num_samples, generator):
-            probs += self._outputs_of(x, theta).softmax(-1)
-        return probs / num_samples
+        return self._outputs_of(x, self.sample(num_samples, generator)).softmax(-1).mean(0)
 
     def sample(self, num_samples: int, generator: torch.Generator | None = None
                ) -> torch.Tensor:

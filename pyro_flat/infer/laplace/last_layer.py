@@ -148,9 +148,10 @@ class LastLayerLaplace(LaplaceApproximation):
         return (self._outputs(features),
                 curvature.output_covariance(features, self.prior_precision))
 
-    def _outputs_of(self, x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-        c = self.layer.out_features
-        return self.features(x).double() @ theta[:-c].reshape(c, -1).T + theta[-c:]
+    def _outputs_of(self, x: torch.Tensor, thetas: torch.Tensor) -> torch.Tensor:
+        c = self.layer.out_features  # the features once, for every draw
+        weights = thetas[:, :-c].reshape(len(thetas), c, -1)
+        return self.features(x).double() @ weights.transpose(1, 2) + thetas[:, None, -c:]
 
     def sample_named(self, num_samples: int, generator: torch.Generator | None = None
                      ) -> dict[str, torch.Tensor]:

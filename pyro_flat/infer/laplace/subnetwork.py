@@ -186,6 +186,6 @@ class SubnetworkLaplace(LaplaceApproximation):
             offset += size
         return out
 
-    def _outputs_of(self, x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    def _outputs_of(self, x: torch.Tensor, thetas: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            return self._network_at(theta, x)
+            return torch.stack([self._network_at(theta, x) for theta in thetas])
