@@ -223,8 +223,10 @@ def test_unrun_mcmc_raises():
 
 
 def _fake_mcmc(sample_stats):
+    """A stand-in for a run of two chains (``None``: a chain that reported no statistics)."""
     samples = {"w": torch.zeros(2, 4, 3)}
-    diags = [{"divergences": [], "sample_stats": s, "num_sg_steps": 8} for s in sample_stats]
+    diags = [{"divergences": [], "num_sg_steps": 8} | ({} if s is None else {"sample_stats": s})
+             for s in sample_stats]
     return SimpleNamespace(
         kernel=SGLD(model, step_size=1e-3),
         _diagnostics=diags,
@@ -251,8 +253,7 @@ def test_malformed_statistics_are_left_out_with_a_warning():
 def test_statistics_missing_in_one_chain_leave_only_diverging():
     """Without per-draw statistics in every chain, only what every chain has is exported: the
     indices of divergent draws, as for Pyro's own kernels."""
-    mcmc = _fake_mcmc([{"lp": torch.zeros(4)}, {}])
-    del mcmc._diagnostics[1]["sample_stats"]
+    mcmc = _fake_mcmc([{"lp": torch.zeros(4)}, None])
     idata = _stats_only(mcmc)
     assert arviz_compat.groups(idata) == {"posterior", "sample_stats"}
     assert list(idata.sample_stats.data_vars) == ["diverging"]

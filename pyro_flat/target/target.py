@@ -105,6 +105,12 @@ class Target:
         self._grad = torch.empty_like(position)
 
     @property
+    def grad_buffer(self) -> torch.Tensor:
+        """The flat buffer :meth:`value_and_grad` writes the gradient into (shaped like the
+        bound position)."""
+        return self._grad
+
+    @property
     def flat_prior(self) -> FlatNormalPrior | None:
         """The closed-form prior added on the flat vector (after the last evaluation)."""
         return self.potential.flat_prior

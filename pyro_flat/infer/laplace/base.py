@@ -69,7 +69,7 @@ class LaplaceApproximation:
 
     # ------------------------------------------------------------------ the likelihood
 
-    def _output_hessians(self, outputs: torch.Tensor) -> torch.Tensor:
+    def output_hessians(self, outputs: torch.Tensor) -> torch.Tensor:
         r""":math:`\Lambda_n / T` (and :math:`/\sigma^2` for regression)."""
         if self.likelihood == "classification":
             p = outputs.softmax(-1)
@@ -79,7 +79,7 @@ class LaplaceApproximation:
             lam = eye.expand(len(outputs), -1, -1) / self.sigma_noise**2
         return lam / self.temperature
 
-    def _log_likelihood(self, outputs: torch.Tensor, y: torch.Tensor) -> float:
+    def log_likelihood_at(self, outputs: torch.Tensor, y: torch.Tensor) -> float:
         r""":math:`\log p(y \mid \hat\theta) / T` of the outputs at the trained values."""
         if self.likelihood == "classification":
             log_lik = -torch.nn.functional.cross_entropy(outputs, y.long(), reduction="sum")
@@ -91,7 +91,8 @@ class LaplaceApproximation:
 
     # ------------------------------------------------------------------ the evidence
 
-    def _fitted(self) -> Curvature:
+    def fitted_curvature(self) -> Curvature:
+        """The curvature :meth:`fit` computed (``RuntimeError`` before it)."""
         if self.curvature is None:
             raise RuntimeError("call fit(x, y) first")
         return self.curvature
@@ -101,12 +102,12 @@ class LaplaceApproximation:
         log-volume by which the data shrink the prior around the trained values (larger is
         sharper)."""
         delta = self.prior_precision if prior_precision is None else prior_precision
-        return float(self._fitted().log_det(delta))
+        return float(self.fitted_curvature().log_det(delta))
 
     def log_marginal_likelihood(self, prior_precision: float | None = None) -> float:
         r"""The Laplace approximation of :math:`\log p(\mathcal D \mid \delta)` (module
         docstring), at ``prior_precision`` (default the current one)."""
-        curvature = self._fitted()
+        curvature = self.fitted_curvature()
         delta = self.prior_precision if prior_precision is None else prior_precision
         theta = self.map_parameters
         log_det_ratio = self.log_det_precision(delta) - curvature.num_parameters * math.log(
@@ -152,7 +153,7 @@ class LaplaceApproximation:
                ) -> torch.Tensor:
         r"""Draws :math:`\hat\theta + \Sigma^{1/2}\varepsilon` of the approximated
         parameters, ``(num_samples, P)`` (float64)."""
-        curvature = self._fitted()
+        curvature = self.fitted_curvature()
         theta = self.map_parameters
         noise = torch.randn(num_samples, curvature.num_parameters, generator=generator,
                             dtype=torch.float64).to(theta.device)

@@ -134,16 +134,16 @@ class LastLayerLaplace(LaplaceApproximation):
                              f"{len(y)}")
         features = self.features(x, batch_size).double()
         outputs = self._outputs(features)
-        self.log_likelihood = self._log_likelihood(outputs, y)
+        self.log_likelihood = self.log_likelihood_at(outputs, y)
         self.num_data = len(x)
-        self.curvature = STRUCTURES[self.structure](features, self._output_hessians(outputs))
+        self.curvature = STRUCTURES[self.structure](features, self.output_hessians(outputs))
         return self
 
     def functional(self, x: torch.Tensor, batch_size: int = 1024
                    ) -> tuple[torch.Tensor, torch.Tensor]:
         r"""The linearised predictive of the outputs at ``x``: the mean ``(M, C)`` (the
         trained network's outputs) and the covariance :math:`J\Sigma J^\top` ``(M, C, C)``."""
-        curvature = self._fitted()
+        curvature = self.fitted_curvature()
         features = self.features(x, batch_size).double()
         return (self._outputs(features),
                 curvature.output_covariance(features, self.prior_precision))

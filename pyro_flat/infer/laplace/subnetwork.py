@@ -146,7 +146,7 @@ class SubnetworkLaplace(LaplaceApproximation):
         outputs = []
         for xb in x.split(batch_size):
             out, jac = self._jacobians(xb)
-            lam = self._output_hessians(out)
+            lam = self.output_hessians(out)
             if self.structure == "full":
                 full += torch.einsum("ncp,ncd,ndq->pq", jac, lam, jac)
             else:
@@ -155,13 +155,13 @@ class SubnetworkLaplace(LaplaceApproximation):
         c = outputs[0].shape[-1]
         self.curvature = (FullCurvature.from_matrix(full, c) if self.structure == "full"
                           else DiagCurvature.from_diagonal(diag, c))
-        self.log_likelihood = self._log_likelihood(torch.cat(outputs), y)
+        self.log_likelihood = self.log_likelihood_at(torch.cat(outputs), y)
         self.num_data = len(x)
         return self
 
     def functional(self, x: torch.Tensor, batch_size: int = 256
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        curvature = self._fitted()
+        curvature = self.fitted_curvature()
         means, covs = [], []
         for xb in x.split(batch_size):
             out, jac = self._jacobians(xb)

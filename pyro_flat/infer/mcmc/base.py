@@ -1,16 +1,19 @@
 """The base of every pyro_flat SG-MCMC kernel: one ``pyro.infer.MCMC`` kernel, many update rules.
 
-A subclass states its update rule in :meth:`SGMCMCKernel.update`, the state it carries beside
-the position as ``state_fields`` (:mod:`~pyro_flat.infer.mcmc.state`) and, if it is not the
-plain minibatch gradient, its gradient estimator (:mod:`~pyro_flat.infer.mcmc.estimators`);
-everything else lives here: setting up the run's target (:class:`pyro_flat.target.Target`:
-the model traced, its transforms and potential) and minibatches, initialisation, step-size
-schedules, thinning, per-draw statistics (:mod:`~pyro_flat.infer.mcmc.recorder`), divergence
-handling (:mod:`~pyro_flat.infer.mcmc.divergence`) and vectorised chains. Warmup is an object
-the kernel holds (:class:`~pyro_flat.infer.mcmc.warmup.Warmup`); checkpoints
-(:mod:`~pyro_flat.infer.mcmc.checkpoint`) are a mixin, derived from the named state.
+A subclass states its update rule (:class:`~pyro_flat.infer.mcmc.update_rule.UpdateRule`:
+``update``, the state it carries beside the position as ``state_fields``, what it supports)
+and, if it is not the plain minibatch gradient, its gradient estimator
+(:mod:`~pyro_flat.infer.mcmc.estimators`). :class:`SGMCMCKernel` is the adapter to Pyro's
+``MCMC`` (``setup``, ``sample``, ``diagnostics``, ``cleanup``) and the configuration common to
+every kernel (step sizes and their schedules, thinning, vectorised chains); the work is done
+by the objects it holds: what the run steps on (:mod:`~pyro_flat.infer.mcmc.run_target`, bound
+through a :class:`pyro_flat.target.Target`), the chains (:mod:`~pyro_flat.infer.mcmc.chain`,
+one row each), one SG step (:mod:`~pyro_flat.infer.mcmc.stepper`), the divergence policy
+(:mod:`~pyro_flat.infer.mcmc.divergence`), warmup (:mod:`~pyro_flat.infer.mcmc.warmup`),
+checkpoints (:mod:`~pyro_flat.infer.mcmc.checkpoint`), the per-draw statistics
+(:mod:`~pyro_flat.infer.mcmc.recorder`) and what a draw holds
+(:mod:`~pyro_flat.infer.mcmc.draw_layout`).
 """
-
 from __future__ import annotations
 
 import math
@@ -24,30 +27,29 @@ import torch
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from pyro_flat import validation
-from pyro_flat.infer.mcmc import adaptation, gradient_noise
+from pyro_flat.infer.mcmc import adaptation
 from pyro_flat.infer.mcmc.adaptation import DiagonalMetric
 from pyro_flat.infer.mcmc.arguments import (
     check_finite_arguments,
     check_initial_params,
     check_schedule,
     device_of,
-    has_chain_rows,
 )
-from pyro_flat.infer.mcmc.chains import ChainStreams, VectorizedPotential
+from pyro_flat.infer.mcmc.chain import Chains
+from pyro_flat.infer.mcmc.chains import ChainStreams
 from pyro_flat.infer.mcmc.checkpoint import Checkpoints, state_fingerprint
 from pyro_flat.infer.mcmc.divergence import DivergencePolicy, warn_if_blown_up
 from pyro_flat.infer.mcmc.draw_layout import DrawLayout
-from pyro_flat.infer.mcmc.estimators import Estimate, MinibatchGradient
-from pyro_flat.infer.mcmc.friction import NoiseFriction
+from pyro_flat.infer.mcmc.estimators import MinibatchGradient
 from pyro_flat.infer.mcmc.recorder import DrawRecorder
-from pyro_flat.infer.mcmc.state import KernelState, StateField
+from pyro_flat.infer.mcmc.run_target import chain_inits, model_run_target, user_run_target
+from pyro_flat.infer.mcmc.state import KernelState
+from pyro_flat.infer.mcmc.stepper import SGStepper, StepResult
+from pyro_flat.infer.mcmc.update_rule import UpdateRule
 from pyro_flat.infer.mcmc.warmup import Warmup
 from pyro_flat.target.layout import FlatLayout
 from pyro_flat.target.minibatch import ChainMinibatches
-from pyro_flat.target.potential import ModelPotential
 from pyro_flat.target.target import Target
-from pyro_flat.target.tracing import trace_model
-from pyro_flat.target.user_potential import UserPotential, per_chain_shapes
 
 #: The default ``stability_fraction``: the adapted step as a fraction of the stability limit.
 STABILITY_FRACTION = 0.2
@@ -56,7 +58,7 @@ STABILITY_FRACTION = 0.2
 
 
 
-class SGMCMCKernel(MCMCKernel):
+class SGMCMCKernel(UpdateRule, MCMCKernel):
     r"""Base class of the stochastic-gradient MCMC kernels, for use with :class:`pyro.infer.MCMC`.
 
     The target is :math:`\pi_T(\theta) \propto \exp(-U(\theta)/T)` with the minibatch potential
@@ -161,16 +163,6 @@ class SGMCMCKernel(MCMCKernel):
 
     #: Names of the per-draw statistics this kernel records.
     stat_names: tuple[str, ...] = ("lp", "step_size", "grad_norm", "diverging")
-    #: Whether warmup may choose the step size when none is given: a kernel that says so also
-    #: states its update's :meth:`stability_limit`. Off unless declared, so that a new kernel
-    #: is not adapted with a limit that is not its own.
-    supports_adaptation: bool = False
-    #: Whether the update takes a diagonal metric (``preconditioner="diag"``) and stays exact.
-    #: Off unless declared: an update that ignores ``self.metric`` would be silently wrong.
-    supports_preconditioner: bool = False
-    #: Whether an omitted ``step_size`` follows the kernel's own rule (:meth:`rule_step_size`,
-    #: e.g. L2E's meta-learned step) rather than warmup's choice.
-    has_step_size_rule: bool = False
     #: This rank's shard of the data of a data-parallel chain (set by
     #: :func:`pyro_flat.distributed.data_parallel`; ``None``: all the data is here).
     data_shard: Any = None
@@ -287,131 +279,9 @@ class SGMCMCKernel(MCMCKernel):
         self.target: Target | None = None
         self.minibatches: ChainMinibatches | None = None
 
-    # ------------------------------------------------------------------ subclass interface
-
-    def state_fields(self) -> tuple[StateField, ...]:
-        """The state this kernel carries beside the position and the step count: a tuple of
-        :class:`~pyro_flat.infer.mcmc.state.StateField` (none here: SGLD's chain is its
-        position). Called once per run, after the model is traced (a field may depend on the
-        layout or on ``vectorized_chains``)."""
-        return ()
-
-    def update(self, state: KernelState, estimate: Estimate, step_size: float) -> None:
-        """Move ``state.position`` (and the kernel's fields) in place, given the estimator's
-        ``estimate`` (its ``step_grad`` is the gradient to move with)."""
-        raise NotImplementedError
-
-    def check_step_size(self, step_size: float) -> None:
-        """Raise ``ValueError`` if the update is unstable at ``step_size``.
-
-        A kernel with a stability condition (e.g. SGHMC's per-step momentum decay
-        ``step_size * friction / mass`` in ``(0, 1]``) states it here. It is checked for a
-        constant ``step_size`` when the kernel is built and for every value a
-        ``step_size_schedule`` returns, at the step that uses it.
-        """
-
-    def stability_limit(self, curvature: float) -> float:
-        r"""The largest stable step of :meth:`update` on a quadratic potential of the given
-        curvature (largest Hessian eigenvalue; of :math:`P^{1/2} H P^{1/2}` with a metric),
-        e.g. the Langevin step's :math:`2/\lambda` (:func:`.adaptation.langevin_limit`).
-        Every kernel with ``supports_adaptation = True`` states its own; there is no default,
-        because a limit that is not the update's own adapts a step that diverges or crawls."""
-        raise NotImplementedError(
-            f"{type(self).__name__} declares supports_adaptation but not its update's "
-            "stability_limit(curvature)")
-
-    def draw_statistics(self) -> dict[str, Any]:
-        """This kernel's own statistics known when a draw is made (e.g. ``coupling_distance``)."""
-        return {}
-
-    def statistics_at_draw(self, energy: float) -> dict[str, Any]:
-        r"""This kernel's own statistics of a draw that need the potential at it (``energy``,
-        the minibatch :math:`\hat U` there), e.g. ContourSGLD's ``log_weight``."""
-        return {}
-
-    # ------------------------------------------------------------------ what warmup asks
-
-    #: Whether a run warns when the excess temperature is above the bound (a kernel whose
-    #: dynamics were fitted to minibatch noise, as L2E's meta-learned ones, reports it only).
-    warns_on_gradient_noise: bool = True
-    #: How an underdamped update chooses its friction against the minibatch noise (SGHMC, and
-    #: SASGLD and EntropyMCMC with ``dynamics="underdamped"``); ``None``: warmup shrinks the
-    #: step instead.
-    noise_fit: NoiseFriction | None = None
-
-    @property
-    def noise_fit_from(self) -> float:
-        """The fraction of warmup from which the adapted step also accounts for the minibatch
-        gradient noise (:meth:`fit_gradient_noise`); before it only stability counts. A kernel
-        with a ``noise_fit`` fits from the start: its momentum would keep the noise's heat."""
-        return 0.0 if self.noise_fit is not None else adaptation.NOISE_FROM
-
-    def fit_gradient_noise(self, step_size: float, curvature: float,
-                           variance: torch.Tensor) -> float:
-        r"""The adapted step size given the measured minibatch gradient ``variance``. With a
-        ``noise_fit``, the friction it chooses and the step of the stability rule at that
-        friction (:meth:`~pyro_flat.infer.mcmc.friction.NoiseFriction.fit`). Otherwise at most
-        ``step_size`` (the stability rule's), and small enough that the minibatch noise is at
-        most :data:`~pyro_flat.infer.mcmc.gradient_noise.TARGET_RATIO` of the injected noise
-        in every coordinate (the ratio is linear in the step)."""
-        if self.noise_fit is not None:
-            return self.noise_fit.fit(self, curvature, variance)
-        ratio = float(self.gradient_noise_terms(variance, step_size)[0].max())
-        if ratio > gradient_noise.TARGET_RATIO:
-            return step_size * gradient_noise.TARGET_RATIO / ratio
-        return step_size
-
-    def heating_curvature(self, curvature: float) -> float:
-        """The curvature along which the minibatch noise moves the position, given the
-        potential's largest ``curvature`` (a kernel that adds a force, as EntropyMCMC's
-        coupling, adds its curvature)."""
-        return curvature
-
-    def gradient_noise_terms(self, variance: torch.Tensor, step_size: float
-                             ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per coordinate, the noise ratio and the relative excess temperature of a step of
-        ``step_size`` (:mod:`~pyro_flat.infer.mcmc.gradient_noise`); the excess counts the
-        share of the noise that reaches the position with epoch-wise batches where warmup
-        chose the friction (the ``share`` of its
-        :class:`~pyro_flat.infer.mcmc.friction.NoiseFriction`), and all of it otherwise."""
-        share = None if self.noise_fit is None else self.noise_fit.share
-        terms = {"step_size": step_size, "temperature": self.temperature,
-                 "inverse_mass": None if self.metric is None else self.metric.inverse_mass,
-                 "friction": self.momentum_friction(), "correction": self.noise_correction()}
-        return (gradient_noise.noise_ratio(variance, **terms),
-                gradient_noise.temperature_excess(variance, **terms,
-                                                  share=1.0 if share is None else share))
-
-    def momentum_friction(self) -> float | None:
-        """The friction of an underdamped update (``None``: a Langevin update)."""
-        return None
-
-    def noise_correction(self) -> float | torch.Tensor:
-        r"""The update's gradient-noise correction :math:`\hat B` (0: none)."""
-        return 0.0
-
-    def load_noise_friction(self, friction: float, share: float | None) -> None:
-        """Continue with the friction a checkpoint's warmup chose and the share of the noise
-        that reaches the position at it (a kernel without a ``noise_fit`` keeps its own
-        friction)."""
-        if self.noise_fit is None:
-            return
-        self.friction = friction
-        self.noise_fit.load(share)
-
-    def restore_friction(self) -> None:
-        """Undo what an earlier estimate chose for the friction."""
-        if self.noise_fit is not None:
-            self.friction = self.noise_fit.restore()
-
     def steps_for_next_draw(self) -> int:
         """How many SG steps the next call of ``sample`` runs."""
         return self.warmup.steps_for_next_draw()
-
-    #: Defaults of this kernel's statistics until they are known (others: NaN).
-    stat_defaults: dict[str, Any] = {}
-    #: Statistics whose values are not floats.
-    stat_dtypes: dict[str, torch.dtype] = {"diverging": torch.bool}
 
     # ------------------------------------------------------------------ MCMCKernel interface
 
@@ -468,50 +338,25 @@ class SGMCMCKernel(MCMCKernel):
         # Vectorised chains: one random stream per chain, each consumed as a single chain
         # consumes torch's global one (see chains.py); a single chain uses the global stream.
         self.chain_streams = None if k is None else ChainStreams(k, torch.initial_seed(), device)
-        #: The chains' minibatches (``None``: full batch, or a model that subsamples itself).
-        self.minibatches: ChainMinibatches | None = None
         if self.model is not None:
             check_finite_arguments(args, kwargs)
             if self.init_strategy is None:
                 from pyro_flat.models.nn import init_to_network as init_strategy
             else:
                 init_strategy = self.init_strategy
-
-            shard = self.data_shard
-            traced_batch = self.subsample_size if shard is None else shard.traced_batch_size(
-                self.subsample_size)
-
-            def trace() -> tuple:
-                return trace_model(self.model, args, kwargs, init_strategy,
-                                   traced_batch, self.data_plate)
-
-            if k is None:
-                traced = [trace()]
-            else:
-                traced = [self.chain_streams.run_as_global(c, trace) for c in range(k)]
-            layout, _, plate, flat_prior, num_data = traced[0]
-            inits = [t.init for t in traced]
-            self.potential = ModelPotential(self.model, args, kwargs, layout, plate, flat_prior)
-            if shard is not None:  # the plate of all ranks' data; this rank's part of U
-                plate, self.potential = shard.distribute(plate, self.potential)
-            if k is not None:
-                self.potential = VectorizedPotential(self.potential, k)
-            self.transforms = {s.name: s.transform.inv for s in layout.sites if s.transform}
-            if plate is not None:
-                generators = [None] if k is None else list(self.chain_streams)
-                self.minibatches = ChainMinibatches(plate.size, plate.batch_size, device,
-                                                    generators)
+            run = model_run_target(self.model, args, kwargs, init_strategy=init_strategy,
+                                   subsample_size=self.subsample_size,
+                                   data_plate=self.data_plate, shard=self.data_shard,
+                                   streams=self.chain_streams, device=device)
         else:
             init = self._user_initial_params or self._kernel_initial_params
             if init is None:
                 raise ValueError("a potential_fn needs initial_params, in the kernel or in MCMC")
-            shapes = {name: v.shape for name, v in init.items()}
-            if k is not None:
-                shapes = per_chain_shapes(shapes, k)
-            layout, plate, num_data = FlatLayout.from_shapes(shapes), None, None
-            self.potential = UserPotential(self.potential_fn, k)
-            inits = [init] if k is None else [{n: v[c] for n, v in init.items()}
-                                               for c in range(k)]
+            run = user_run_target(self.potential_fn, init, k)
+        layout, plate, inits = run.layout, run.plate, run.inits
+        self.potential = run.potential
+        #: The chains' minibatches (``None``: full batch, or a model that subsamples itself).
+        self.minibatches: ChainMinibatches | None = run.minibatches
         self._layout = layout
 
         # A second random stream, for kernels that draw noise for auxiliary variables: seeded
@@ -532,80 +377,82 @@ class SGMCMCKernel(MCMCKernel):
         if z is None:
             given = self._user_initial_params or self._kernel_initial_params
             if given is not None and self.model is not None:
-                inits = self._chain_inits(given)
+                inits = chain_inits(given, layout, k)
             z = torch.stack([layout.flatten(i) for i in inits])
-            z = (z[0] if k is None else z).to(layout.flat_dtype(inits))  # the widest
+            z = z.to(layout.flat_dtype(inits))  # the widest
             self.state = KernelState.create(z, self.state_fields())
+        #: The chains: one row each, a single chain being one (:class:`~.chain.Chains`).
+        self.chains = Chains(self.state, vectorized=k is not None)
+        z = self.chains.position
         self.warmup.plan(warmup_steps, z)
         self._user_initial_params = None
-        self._z = z
-        self._z_finite = z.detach().clone()
         shard = self.data_shard
-        #: The potential the chain moves on (:class:`~pyro_flat.target.Target`).
+        #: The potential the chain moves on (:class:`~pyro_flat.target.Target`); a single
+        #: chain's potential takes its row without the chain dimension.
         self.target = Target(self.potential, layout, plate, None if shard is None else (
-            lambda u, grad: shard.all_reduce_(u, grad, self.num_steps)), num_data)
-        self.target.bind(z)
+            lambda u, grad: shard.all_reduce_(u, grad, self.num_steps)), run.num_data)
+        self._bound = self.chains.outward(z)
+        self.target.bind(self._bound)
+        self._grad_rows = None if k is not None else self.target.grad_buffer.unsqueeze(0)
         names = tuple(dict.fromkeys(self.stat_names + self.estimator.stat_names))
         self.recorder = DrawRecorder(names, self.stat_dtypes)
         #: Which chains' steps were non-finite, and when one must stop (:mod:`.divergence`).
         self.divergence = DivergencePolicy(k or 1, self.max_nonfinite_steps)
-        nan = torch.tensor(math.nan)
-        self._last: tuple[torch.Tensor, torch.Tensor, float] = (nan, nan, math.nan)
-        self._step_stats: dict[str, Any] = {}
-        #: During the update of vectorised chains: which chains take the step (``None``: all).
-        self.active_chains: torch.Tensor | None = None
+        nan = torch.full((k or 1,), math.nan)
+        #: What the last SG step saw (:class:`~.stepper.StepResult`).
+        self._last = StepResult(nan, nan, None, math.nan)
+        #: One SG step of the chains, and the fall-back of a non-finite one (:mod:`.stepper`).
+        self.stepper = SGStepper(self.chains, self.evaluate_rows, self.estimator,
+                                 self.update, self.divergence, layout)
         #: The sites of a draw and their values (:class:`~.draw_layout.DrawLayout`).
         self.draw_layout = DrawLayout(layout, self.state.draw_fields(), k)
         if self.model is not None:
             self.transforms = self.draw_layout.transforms
-        self._last_flat = self.draw_layout.copy(self._z, self.state)
+        self._last_flat = self.chains.outward(self.draw_layout.copy(z, self.state))
         self._initial_params = self.draw_layout.views(self._last_flat)
         self._last_draw = self._initial_params
 
-    def _chain_inits(self, given: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
-        """User-given initial values: one per chain (a leading dimension ``K``) or one for all."""
-        k = self.vectorized_chains
-        if k is None:
-            return [given]
-        inits = []
-        for c in range(k):
-            init = {}
-            for s in self._layout.sites:
-                v = given.get(s.name)
-                if v is not None and v.shape == (k, *s.shape):
-                    v = v[c]
-                init[s.name] = v
-            inits.append({n: v for n, v in init.items() if v is not None})
-        return inits
-
     @property
     def position(self) -> torch.Tensor:
-        """The chain's current parameters: one flat, unconstrained tensor (see :attr:`layout`)."""
-        return self._z
+        """The chain's current parameters: one flat, unconstrained tensor (see :attr:`layout`),
+        ``(d,)``, or ``(K, d)`` for vectorised chains."""
+        return self.chains.outward(self.chains.position)
+
+    def outward(self, rows: Any) -> Any:
+        """Per-chain values (one row or list entry per chain) as users see them: as they are
+        for vectorised chains, a single chain's one row."""
+        return rows if self.vectorized_chains is not None else rows[0]
+
+    @property
+    def active_chains(self) -> torch.Tensor | None:
+        """During an update that some chains skip (their step was not finite): the chains that
+        take it, ``(K,)`` booleans; ``None``: all."""
+        return self.stepper.active_chains
 
     def sample(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        z = self.chains.position
         if params is not self._last_draw:
-            self.draw_layout.load(params, self._z, self.state)
+            self.draw_layout.load(params, z, self.state)
         self.divergence.start_draw()
         self.warmup.at_draw_start()
         thinning = self.warmup.step_recorder()
         for _ in range(self.steps_for_next_draw()):
             self._sg_step()
             if thinning is not None:
-                thinning.record(self._z, self._step_energy)
+                thinning.record(self.position, self.outward(self._last.energy))
         if self._draw >= self._warmup_steps:
             self._record_draw()
         self._draw += 1
-        self._last_flat = self.draw_layout.copy(self._z, self.state)
+        self._last_flat = self.chains.outward(self.draw_layout.copy(z, self.state))
         self._last_draw = self.draw_layout.views(self._last_flat)
         return self._last_draw
 
     def logging(self) -> OrderedDict:
-        energy, _, eps = self._last
+        last = self._last
         return OrderedDict(
             [
-                ("step size", f"{eps:.2e}"),
-                ("lp", f"{-float(energy.float().mean()):.4g}"),
+                ("step size", f"{last.step_size:.2e}"),
+                ("lp", f"{-float(last.energy.float().mean()):.4g}"),
                 ("non-finite steps", self.divergence.num_diverging),
             ]
         )
@@ -701,9 +548,19 @@ class SGMCMCKernel(MCMCKernel):
         self, batch: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(U, grad U)`` at the current parameters (:meth:`Target.value_and_grad
-        <pyro_flat.target.Target.value_and_grad>`); the gradient is written to a flat buffer.
-        With vectorised chains ``U`` holds one energy per chain and the gradient one row."""
-        return self.target.value_and_grad(self._z, batch)
+        <pyro_flat.target.Target.value_and_grad>`), shaped as :attr:`position`: with vectorised
+        chains ``U`` holds one energy per chain and the gradient one row. The gradient is the
+        target's flat buffer, overwritten by the next call."""
+        return self.target.value_and_grad(self._bound, batch)
+
+    def evaluate_rows(self, batch: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`potential_and_grad` with one row per chain, ``(K,)`` and ``(K, d)`` (``K = 1``
+        for a single chain, whose potential takes its row without the chain dimension): what
+        the stepper and the estimators see."""
+        u, grad = self.target.value_and_grad(self._bound, batch)
+        if self._grad_rows is None:  # vectorised chains: rows already
+            return u, grad
+        return u.reshape(1), self._grad_rows  # (a view of the target's buffer, made once)
 
     @property
     def base_step_size(self) -> float | None:
@@ -715,12 +572,6 @@ class SGMCMCKernel(MCMCKernel):
         if self.has_step_size_rule and not self.adapts:
             return self.rule_step_size()
         return self.warmup.step_size
-
-    def rule_step_size(self) -> float:
-        """The step size of the kernel's own rule when ``step_size`` is omitted (a kernel with
-        ``has_step_size_rule = True`` states it)."""
-        raise NotImplementedError(f"{type(self).__name__} declares has_step_size_rule but not "
-                                  "its rule_step_size()")
 
     def current_step_size(self) -> float:
         """The step size of the next SG step."""
@@ -742,99 +593,36 @@ class SGMCMCKernel(MCMCKernel):
             raise ValueError(f"step_size_schedule({t}) returned {eps!r}: {e}") from None
         return eps
 
-    def _chain_rows(self, value: torch.Tensor) -> torch.Tensor:
-        """``value`` with one row per chain: as it is for vectorised chains, a view with one
-        row for a single chain."""
-        return value if self.vectorized_chains is not None else value.unsqueeze(0)
-
     def _sg_step(self) -> None:
-        """One SG step of the chain, or of ``K`` vectorised chains in one update (a single
-        chain is one row). A chain whose potential or gradient is not finite skips the step:
-        its rows of the state are kept as they were, it draws no noise, it falls back to its
-        last state whose potential and gradient were finite, and the next step tries again
-        with a fresh minibatch and fresh noise. One that does so ``max_nonfinite_steps`` times
-        in ``2 * max_nonfinite_steps`` steps stops the run with its site and step."""
+        """One SG step of the chains (:meth:`SGStepper.step <.stepper.SGStepper.step>`): the
+        first one after a draw completes that draw's statistics at its potential."""
         eps = self.current_step_size()
         batch = self._next_batch()
-        estimate = self.estimator(self._z, self.potential_and_grad, batch)
-        gnorm = torch.linalg.vector_norm(estimate.grad, dim=-1)
-        # one synchronisation: a finite sum means every chain is finite (an overflowing sum of
-        # finite values goes the slow way, which finds them finite)
-        all_finite = math.isfinite(float((estimate.energy + gnorm).sum()))
-        finite = None
-        if not all_finite:
-            finite = torch.isfinite(estimate.energy) & torch.isfinite(gnorm)
-            all_finite = bool(finite.all())
-        if self.recorder.pending:
-            self._close_draw(estimate.energy, gnorm, finite)
-        bad = None if all_finite else ~self._chain_rows(finite)
-        stop = self.divergence.record(bad)
-        self._step_stats = estimate.stats
-        state = self.state
-        if all_finite:
-            self._z_finite.copy_(self._z)
-            if self.warmup.collects_moments:
-                self.warmup.accumulate(estimate.grad)
-            self.update(state, estimate, eps)
-        else:
-            if stop is not None:
-                raise RuntimeError(self.divergence.message(
-                    self.layout, self._chain_rows(self._z)[stop],
-                    self._chain_rows(estimate.grad)[stop],
-                    float(self._chain_rows(estimate.energy)[stop]), self.num_steps, stop,
-                    self.vectorized_chains))
-            z, z_finite = self._chain_rows(self._z), self._chain_rows(self._z_finite)
-            good = ~bad
-            if bool(good.any()):  # the finite chains take the step, the others keep theirs
-                z_finite[good] = z[good]
-                if self.warmup.collects_moments:
-                    self.warmup.accumulate(estimate.grad, finite)
-                kept = {f.name: self._chain_rows(getattr(state, f.name))[bad].clone()
-                        for f in state.fields if f.persistent
-                        and has_chain_rows(self._chain_rows(getattr(state, f.name)), len(bad))}
-                self.active_chains = finite
-                try:
-                    self.update(state, estimate, eps)
-                finally:
-                    self.active_chains = None
-                for name, rows in kept.items():
-                    self._chain_rows(getattr(state, name))[bad] = rows
-            z[bad] = z_finite[bad]
-            for f in state.fields:
-                if f.reset:
-                    self._chain_rows(getattr(state, f.name))[bad] = 0
-        state.num_steps += 1
-        self._last = (estimate.energy, gnorm, eps)
-        self._step_energy = estimate.energy
+        warmup = self.warmup
+        self._last = self.stepper.step(
+            eps, batch, self._close_draw if self.recorder.pending else None,
+            warmup.accumulate if warmup.collects_moments else None)
 
     def _record_draw(self) -> None:
-        k = self.vectorized_chains
-        diverged = self.divergence.diverged_in_draw()
-        if k is None:
-            known = {"step_size": self._last[2], "diverging": diverged[0]}
-        else:
-            known = {"step_size": [self._last[2]] * k, "diverging": diverged}
-        known.update(self._step_stats)
+        k = self.vectorized_chains or 1
+        last = self._last
+        known = {"step_size": [last.step_size] * k,
+                 "diverging": self.divergence.diverged_in_draw()}
+        known.update(last.stats)
         known.update(self.draw_statistics())
-        defaults = self.stat_defaults if k is None else {
-            name: [value] * k for name, value in self.stat_defaults.items()}
-        self.recorder.open_draw(known, defaults)
+        defaults = {name: [value] * k for name, value in self.stat_defaults.items()}
+        self.recorder.open_draw({name: self.outward(rows) for name, rows in known.items()},
+                                {name: self.outward(rows) for name, rows in defaults.items()})
 
-    def _close_draw(self, energy: torch.Tensor, gnorm: torch.Tensor,
-                    finite: torch.Tensor | None) -> None:
-        """Complete the pending draw with the potential ``energy`` and gradient norm at it
-        (one per chain for vectorised chains; ``finite``: which chains' are, ``None``: all)."""
-        u, norms = energy.tolist(), gnorm.tolist()
-        if self.vectorized_chains is None:
-            at_draw = {"lp": -u, "grad_norm": norms}
-            if finite is not None and not bool(finite):
-                at_draw["diverging"] = True
-        else:
-            good = [True] * len(u) if finite is None else finite.tolist()
-            at_draw = {"lp": [-x for x in u], "grad_norm": norms,
-                       "diverging": [not f for f in good]}
+    def _close_draw(self, at: StepResult) -> None:
+        """Complete the pending draw with the potential and gradient norm at it (one per
+        chain; ``at.finite``: which chains' are, ``None``: all)."""
+        u = at.energy.tolist()
+        finite = [True] * len(u) if at.finite is None else at.finite.tolist()
+        at_draw = {"lp": [-x for x in u], "grad_norm": at.grad_norm.tolist(),
+                   "diverging": [not f for f in finite]}
         at_draw.update(self.statistics_at_draw(u))
-        self.recorder.close_draw(at_draw)
+        self.recorder.close_draw({name: self.outward(rows) for name, rows in at_draw.items()})
 
     def complete_last_draw(self) -> None:
         """Complete the statistics of the run's last draw, which no SG step follows (they are
@@ -846,13 +634,14 @@ class SGMCMCKernel(MCMCKernel):
         streams = None if self.chain_streams is None else self.chain_streams.get_state()
         try:
             batch = self.peek_batch()
-            u_t, grad = self.potential_and_grad(batch)
-            gnorm_t = torch.linalg.vector_norm(grad, dim=-1)
+            u, grad = self.evaluate_rows(batch)
+            gnorm = torch.linalg.vector_norm(grad, dim=-1)
         finally:
             pyro.util.set_rng_state(rng)
             if streams is not None:
                 self.chain_streams.set_state(streams)
-        self._close_draw(u_t, gnorm_t, torch.isfinite(u_t) & torch.isfinite(gnorm_t))
+        self._close_draw(StepResult(u, gnorm, torch.isfinite(u) & torch.isfinite(gnorm),
+                                    self._last.step_size))
 
     def _next_batch(self) -> torch.Tensor | None:
         """The next minibatch indices (one row per chain for vectorised chains), or None."""
@@ -867,11 +656,11 @@ class SGMCMCKernel(MCMCKernel):
         # What a worker process needs: the arguments, not the per-run state.
         keep = {}
         for k, v in self.__dict__.items():
-            if k in ("potential", "_last_draw", "_initial_params",
-                     "_last_flat", "_z_finite", "aux_generator", "chain_streams"):
+            if k in ("potential", "_last_draw", "_initial_params", "_last_flat", "_bound",
+                     "_grad_rows", "aux_generator", "chain_streams"):
                 continue
             # set up again by each run, as before the first
-            unset = ("state", "recorder", "target", "minibatches")
+            unset = ("state", "recorder", "target", "minibatches", "chains", "stepper")
             keep[k] = None if k in unset or isinstance(v, KernelState) else v
         return keep
 

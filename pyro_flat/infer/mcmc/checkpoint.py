@@ -116,7 +116,7 @@ class Checkpoints:
 
     def start_run(self) -> torch.Tensor | None:
         """At the start of a run: restore the loaded checkpoint, if any, into the kernel and
-        return its position (``None`` without one)."""
+        return its position, one row per chain (``None`` without one)."""
         saved, self.pending = self.pending, None
         self.resumed_from = self.run_end = None
         if saved is None:
@@ -143,7 +143,8 @@ class Checkpoints:
         if tuple(z.shape) != expected:
             raise ValueError(f"the checkpoint holds parameters of shape {tuple(z.shape)}; this "
                              f"kernel's are {expected} (vectorized_chains={k})")
-        kernel.state = KernelState.create(z, kernel.state_fields(), int(state["num_sg_steps"]))
+        rows = z if k is not None else z.unsqueeze(0)  # one row per chain, a single chain one
+        kernel.state = KernelState.create(rows, kernel.state_fields(), int(state["num_sg_steps"]))
         kernel.state.load(state["kernel_state"])
         if kernel.minibatches is not None and state["minibatch"] is not None:
             kernel.minibatches.load_state_dict(state["minibatch"])
@@ -154,4 +155,4 @@ class Checkpoints:
         adapted = state.get("adaptation")  # absent from checkpoints written before adaptation
         if adapted is not None:
             kernel.warmup.load_state_dict(adapted)
-        return z
+        return rows

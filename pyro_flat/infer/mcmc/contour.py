@@ -345,17 +345,12 @@ class ContourSGLD(SGMCMCKernel):
                 site = next(s for s in self.layout.sites
                             if bool(outside[s.offset : s.stop].any()))
                 values = row[site.offset : site.stop][outside[site.offset : site.stop]]
-                chain = "" if z.dim() == 1 else f" (chain {c})"
+                chain = "" if self.vectorized_chains is None else f" (chain {c})"
                 raise ValueError(
                     f"the chain starts outside bounds={self.bounds}: site {site.name!r}{chain} "
                     f"has unconstrained values {values.tolist()[:5]} outside; every step from "
                     "there would be rejected. Start inside the box or widen it"
                 )
-
-    def _outward(self, rows: Any) -> Any:
-        """Per-chain values as users see them: the rows of vectorised chains, a single chain's
-        one row."""
-        return rows if self.vectorized_chains is not None else rows[0]
 
     @property
     def min_energy(self) -> float | list[float] | None:
@@ -363,14 +358,14 @@ class ContourSGLD(SGMCMCKernel):
         ``auto_bins``; a list, one per chain, for vectorised chains), or the one given."""
         if self.state is None:
             return self._bins_given[0]
-        return self._outward(self.state.min_energy)
+        return self.outward(self.state.min_energy)
 
     @property
     def bin_width(self) -> float | list[float] | None:
         """The bin width: the chain's (a list for vectorised chains), or the one given."""
         if self.state is None:
             return self._bins_given[1]
-        return self._outward(self.state.bin_width)
+        return self.outward(self.state.bin_width)
 
     @property
     def _g(self) -> torch.Tensor:
@@ -380,7 +375,7 @@ class ContourSGLD(SGMCMCKernel):
     def num_rejected(self) -> int | list[int]:
         """SG steps rejected by ``bounds`` in this chain (a list for vectorised chains);
         continues across a resume."""
-        return self._outward(self.state.num_rejected)
+        return self.outward(self.state.num_rejected)
 
     @property
     def bins_fixed(self) -> bool:
@@ -404,7 +399,7 @@ class ContourSGLD(SGMCMCKernel):
         if self.state is None:
             return self.min_energy + self.bin_width * i
         lo = torch.tensor(self.state.min_energy, dtype=torch.float64).unsqueeze(1)
-        return self._outward(lo + torch.tensor(self.state.bin_width,
+        return self.outward(lo + torch.tensor(self.state.bin_width,
                                                dtype=torch.float64).unsqueeze(1) * i)
 
     def _fix_bins(self) -> None:
@@ -441,9 +436,9 @@ class ContourSGLD(SGMCMCKernel):
         return _bin(u, lo, width, self.num_bins)
 
     def _bin_tensors(self) -> tuple[Any, Any]:
-        """The bins' lower edges and widths: floats for a single chain, ``(K,)`` tensors for
-        vectorised chains (one row each)."""
-        if self.state is None or self.vectorized_chains is None:
+        """The bins' lower edges and widths, ``(K,)`` tensors (one row per chain; floats
+        before a run)."""
+        if self.state is None:
             return self._bins(None)
         lows, widths = self.state.min_energy, self.state.bin_width
         cached = getattr(self, "_bin_tensors_of", None)
@@ -482,12 +477,12 @@ class ContourSGLD(SGMCMCKernel):
     def log_weight(self, g: torch.Tensor, u: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         r""":math:`\zeta\Phi(u)` for energies ``u`` in bins ``j`` under the PDF ``g`` (``(m,)``, or
         ``(K, m)`` with one energy per row, in the bins of the respective chain for vectorised
-        chains): the log importance weight (class docstring). Outside the partition
-        :math:`\Phi` is flat: an energy below :math:`e_0` gets :math:`\Phi(e_0)`, one at or
-        above :math:`e_m` gets :math:`\Phi(e_m)`."""
+        chains; ``(m,)`` in chain 0's): the log importance weight (class docstring). Outside
+        the partition :math:`\Phi` is flat: an energy below :math:`e_0` gets
+        :math:`\Phi(e_0)`, one at or above :math:`e_m` gets :math:`\Phi(e_m)`."""
         if self.zeta == 0.0:
             return torch.zeros(u.shape, dtype=torch.float64)
-        lo, width = self._bin_tensors()
+        lo, width = self._bin_tensors() if g.dim() > 1 else self._bins(None)
         u = torch.minimum(torch.maximum(u.double(), torch.as_tensor(lo, dtype=torch.float64)),
                           torch.as_tensor(lo + width * self.num_bins, dtype=torch.float64))
         if torch.is_tensor(width):  # vectorised chains: each row in its own bins
@@ -600,9 +595,9 @@ class ContourSGLD(SGMCMCKernel):
 
     # ------------------------------------------------------------------ statistics
 
-    def statistics_at_draw(self, energy: float | list[float]) -> dict[str, Any]:
+    def statistics_at_draw(self, energy: list[float]) -> dict[str, list[Any]]:
         """``energy``, ``energy_bin`` and ``log_weight`` of the draw, with ``g`` before the SA
-        update that uses this energy (lists, one per chain, for vectorised chains)."""
+        update that uses this energy (lists, one per chain)."""
         if self.auto_bins and not self.bins_fixed and not self.in_warmup:
             self._fix_bins()
         u = torch.tensor(energy, dtype=torch.float64).reshape(-1)
@@ -615,13 +610,13 @@ class ContourSGLD(SGMCMCKernel):
             weight = self.log_weight(self._g, torch.where(finite, u, 0.0), j)
             stats["energy_bin"] = torch.where(finite, j, -1).tolist()
             stats["log_weight"] = torch.where(finite, weight, -math.inf).tolist()
-        return {name: self._outward(rows) for name, rows in stats.items()}
+        return stats
 
     def diagnostics(self) -> dict[str, Any]:
         out = super().diagnostics()
-        out["energy_pdf"] = self._outward(self._g.clone())
+        out["energy_pdf"] = self.outward(self._g.clone())
         out["energy_edges"] = self.energy_edges if self.bins_fixed else None
-        out["num_sa_updates"] = self._outward(self.state.num_sa_updates)
+        out["num_sa_updates"] = self.outward(self.state.num_sa_updates)
         out["num_rejected"] = self.num_rejected
         out.update(self._weights_ess(out["sample_stats"]
                                      or self.recorder.tensors(["log_weight"])))
@@ -634,11 +629,7 @@ class ContourSGLD(SGMCMCKernel):
         n = 0 if lw is None else int(lw.shape[0])
         ess = weights_ess(lw) if n else torch.zeros(lw.shape[1:] if lw is not None else ())
         frac = ess / n if n else torch.full_like(ess, math.nan)
-        if self.vectorized_chains is None:
-            ess_out, frac_out = float(ess), float(frac)
-        else:
-            ess_out, frac_out = ess.tolist(), frac.tolist()
-        return {"weights_ess": ess_out, "weights_ess_fraction": frac_out,
+        return {"weights_ess": ess.tolist(), "weights_ess_fraction": frac.tolist(),
                 "weights_ess_threshold": weights_ess_threshold(n)}
 
     def cleanup(self) -> None:

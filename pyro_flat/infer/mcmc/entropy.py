@@ -203,7 +203,7 @@ class EntropyMCMC(SGMCMCKernel):
         # is computed (same values as drawing it in the step; see noise.py)
         if getattr(self, "_guide_noise", None) is not None:
             self._guide_noise.close()
-        self._guide_noise = PrefetchedNormal(self.position, self.aux_generator,
+        self._guide_noise = PrefetchedNormal(self.state.position, self.aux_generator,
                                              prefetch=self.prefetch_noise)
 
     def _next_guide_noise(self) -> torch.Tensor:
@@ -263,9 +263,9 @@ class EntropyMCMC(SGMCMCKernel):
                               self.noise_fit.given_friction, m, t, self._next_guide_noise(),
                               draw_noise=False)
 
-    def draw_statistics(self) -> dict[str, Any]:
-        distance = torch.linalg.vector_norm(self.position - self.state.guide, dim=-1)
-        return {"coupling_distance": distance.tolist() if distance.dim() else float(distance)}
+    def draw_statistics(self) -> dict[str, list[float]]:
+        distance = torch.linalg.vector_norm(self.state.position - self.state.guide, dim=-1)
+        return {"coupling_distance": distance.tolist()}
 
 
 def select_draws(

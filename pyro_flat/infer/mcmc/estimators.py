@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import nn
@@ -115,30 +114,21 @@ class SharpnessAwareGradient:
 
     def __call__(self, position: torch.Tensor, evaluate: Evaluate,
                  batch: torch.Tensor | None) -> Estimate:
-        """The estimate at ``position``: one chain's ``(d,)``, or ``K`` vectorised chains'
-        ``(K, d)``, each row's ascent step as a single chain's, with one second pass for all
-        rows (at :math:`\theta` for rows that take none)."""
+        """The estimate at ``position``, ``(K, d)`` (a single chain is one row): each row's
+        ascent step as a single chain's, with one second pass for all rows (at
+        :math:`\theta` for rows that take none)."""
         u, g = evaluate(batch)
-        single = position.dim() == 1
-
-        def rows(t: torch.Tensor) -> torch.Tensor:  # one row per chain
-            return t.unsqueeze(0) if single else t
-
-        def out(values: Any) -> Any:  # as the chains are shaped
-            return values[0] if single else values
-
-        k = rows(position).shape[0]
+        k = position.shape[0]
         if self.rho == 0.0:
-            return Estimate(u, g, g, {"sharpness": out([0.0] * k)})
+            return Estimate(u, g, g, {"sharpness": [0.0] * k})
         grad_at_theta, e, theta = self._work_buffers(position)
         grad_at_theta.copy_(g)
         # one synchronisation when every row is finite, the usual case
-        finite = ([True] * k if math.isfinite(float(u.sum()))
-                  else torch.isfinite(rows(u)).tolist())
+        finite = [True] * k if math.isfinite(float(u.sum())) else torch.isfinite(u).tolist()
         perturbed = []
         for c in range(k):
-            e_c, grad_c = rows(e)[c], rows(grad_at_theta)[c]
-            metric = (asam_metric([rows(position)[c]], ASAM_OFFSET, out=[e_c]) if self.geometry
+            e_c, grad_c = e[c], grad_at_theta[c]
+            metric = (asam_metric([position[c]], ASAM_OFFSET, out=[e_c]) if self.geometry
                       else None)
             perturbed.append(finite[c] and ascent_perturbation(
                 [grad_c], self.rho, metric=metric, out=[e_c]) is not None)
@@ -146,21 +136,21 @@ class SharpnessAwareGradient:
                 e_c.zero_()
         sharpness = [0.0 if ok else math.nan for ok in finite]
         if not any(perturbed):
-            return Estimate(u, g, g, {"sharpness": out(sharpness)})
+            return Estimate(u, g, g, {"sharpness": sharpness})
         u_e, g_e = self._perturbed_pass(position, e, theta, evaluate, batch)
         if all(perturbed) and math.isfinite(float(u_e.sum() + g_e.sum())):
-            sharpness = (u_e - u).reshape(-1).tolist()
-            return Estimate(u, grad_at_theta, g_e, {"sharpness": out(sharpness)})
+            sharpness = (u_e - u).tolist()
+            return Estimate(u, grad_at_theta, g_e, {"sharpness": sharpness})
         took = torch.tensor(perturbed)
         # a row whose second pass is not finite reports it: its sites are the culprits
-        second_finite = (torch.isfinite(rows(u_e)) & torch.isfinite(rows(g_e)).all(-1)) | ~took
-        energy = torch.where(second_finite, rows(u), rows(u_e))
-        grad = torch.where(second_finite.unsqueeze(-1), rows(grad_at_theta), rows(g_e))
-        step_grad = torch.where(took.unsqueeze(-1), rows(g_e), rows(grad_at_theta))
+        second_finite = (torch.isfinite(u_e) & torch.isfinite(g_e).all(-1)) | ~took
+        energy = torch.where(second_finite, u, u_e)
+        grad = torch.where(second_finite.unsqueeze(-1), grad_at_theta, g_e)
+        step_grad = torch.where(took.unsqueeze(-1), g_e, grad_at_theta)
         for c in range(k):
             if perturbed[c]:
-                sharpness[c] = float(rows(u_e)[c] - rows(u)[c])
-        return Estimate(out(energy), out(grad), out(step_grad), {"sharpness": out(sharpness)})
+                sharpness[c] = float(u_e[c] - u[c])
+        return Estimate(energy, grad, step_grad, {"sharpness": sharpness})
 
     def _perturbed_pass(self, position: torch.Tensor, e: torch.Tensor, theta: torch.Tensor,
                         evaluate: Evaluate, batch: torch.Tensor | None

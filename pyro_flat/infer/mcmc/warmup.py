@@ -92,8 +92,8 @@ class Warmup:
     # ------------------------------------------------------------------ planning
 
     def plan(self, warmup_steps: int, position: torch.Tensor) -> None:
-        """Plan a run of ``warmup_steps`` warmup draws from ``position``: when to measure the
-        noise, estimate the step and end a thinning window."""
+        """Plan a run of ``warmup_steps`` warmup draws from ``position`` (``(K, d)``, one row
+        per chain): when to measure the noise, estimate the step and end a thinning window."""
         k = self.kernel
         if k.minibatches is not None:  # measure the gradient noise (also with a given step)
             self._noise_at = (adaptation.estimate_points(warmup_steps) if warmup_steps
@@ -113,10 +113,9 @@ class Warmup:
                 f"preconditioner='diag' learns the metric from the gradients of warmup, but "
                 f"warmup_steps={warmup_steps}: give MCMC(..., warmup_steps=...) of at least 4 "
                 "(a few hundred are usual) or preconditioner=None")
-        if k.preconditioner == "diag":
-            self._moment_sum = torch.zeros_like(position)
-            if position.dim() > 1:  # vectorised chains: a chain that skips a step does not count
-                self._moment_count = torch.zeros(*position.shape[:-1], 1, dtype=position.dtype)
+        if k.preconditioner == "diag":  # one row per chain; a chain that skips a step
+            self._moment_sum = torch.zeros_like(position)  # does not count
+            self._moment_count = torch.zeros(position.shape[0], 1, dtype=position.dtype)
 
     @property
     def collects_moments(self) -> bool:
@@ -124,7 +123,7 @@ class Warmup:
         return self._moment_sum is not None
 
     def accumulate(self, grad: torch.Tensor, rows: torch.Tensor | None = None) -> None:
-        """Add a step's gradient to the metric's second moments (``rows``: the vectorised
+        """Add a step's gradient (``(K, d)``) to the metric's second moments (``rows``: the
         chains that took the step; ``None``: all)."""
         if self._moment_sum is None:
             return
@@ -190,7 +189,8 @@ class Warmup:
             if streams is not None:
                 k.chain_streams.set_state(streams)
         target = k.target
-        scale = None if k.metric is None else target.site_views(k.metric.scale)
+        scale = None if k.metric is None else target.site_views(
+            k.metric.scale.reshape(k.position.shape))
 
         def potential(phi: dict[str, torch.Tensor]) -> torch.Tensor:
             params = phi if scale is None else {n: v * scale[n] for n, v in phi.items()}
@@ -409,7 +409,8 @@ class Warmup:
             out["autocorrelation_time"] = tau
         if k.metric is not None:
             out["inverse_mass"] = {
-                n: v.clone() for n, v in k.target.site_views(k.metric.inverse_mass).items()}
+                n: v.clone() for n, v in k.target.site_views(
+                    k.metric.inverse_mass.reshape(k.position.shape)).items()}
         return out
 
     def state_dict(self) -> dict[str, Any] | None:
@@ -431,9 +432,11 @@ class Warmup:
         """Continue with what a checkpoint's warmup chose (:meth:`state_dict`)."""
         k = self.kernel
         self.step_size = state["step_size"]
-        if state["inverse_mass"] is not None:
-            k.metric = DiagonalMetric(state["inverse_mass"].clone(),
-                                      state["inverse_mass"].sqrt())
+        if state["inverse_mass"] is not None:  # one row per chain (a single chain's was saved
+            inverse_mass = state["inverse_mass"]  # without its row before one chain was one)
+            if inverse_mass.dim() == 1:
+                inverse_mass = inverse_mass.unsqueeze(0)
+            k.metric = DiagonalMetric(inverse_mass.clone(), inverse_mass.sqrt())
         self.log = [dict(r) for r in state["log"]]
         self.steps_per_sample = state.get("num_steps_per_sample")
         self.noise_log = [dict(r) for r in state.get("gradient_noise", [])]

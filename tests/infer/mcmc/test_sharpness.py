@@ -129,8 +129,8 @@ def test_batchnorm_statistics_do_not_move_in_the_perturbed_pass():
     assert not torch.equal(one_pass["net.1.running_mean"], before["net.1.running_mean"])
     for name, value in before.items():  # back to the start
         model.get_buffer(name).copy_(value)
-    estimate = kernel.estimator(kernel.position, kernel.potential_and_grad, batch)
-    assert estimate.step_grad is not estimate.grad and estimate.stats["sharpness"] != 0.0
+    estimate = kernel.estimator(kernel.state.position, kernel.evaluate_rows, batch)
+    assert estimate.step_grad is not estimate.grad and estimate.stats["sharpness"][0] != 0.0
     assert torch.equal(kernel.position, z0)  # parameters restored exactly
     for name, value in bn_buffers(model).items():
         assert torch.equal(value, one_pass[name]), name
@@ -138,7 +138,7 @@ def test_batchnorm_statistics_do_not_move_in_the_perturbed_pass():
     for name, value in before.items():
         model.get_buffer(name).copy_(value)
     kernel.estimator.batchnorm_modules = []
-    kernel.estimator(kernel.position, kernel.potential_and_grad, batch)
+    kernel.estimator(kernel.state.position, kernel.evaluate_rows, batch)
     after = bn_buffers(model)
     assert not torch.equal(after["net.1.running_mean"], one_pass["net.1.running_mean"])
     assert int(after["net.1.num_batches_tracked"]) == int(one_pass["net.1.num_batches_tracked"]) + 1
@@ -161,7 +161,7 @@ def test_both_passes_use_the_same_minibatch():
 
     kernel.target.potential = Recording()
     for _ in range(3):
-        kernel._sg_step()
+        kernel.stepper.step(1e-4, kernel.minibatches.next())
     assert len(calls) == 6
     for i in range(3):
         assert torch.equal(calls[2 * i], calls[2 * i + 1])

@@ -202,13 +202,13 @@ class L2E(SGMCMCKernel):
         ``m_d``, zero at the start and after a non-finite step. Both live in the features
         buffer (:class:`~pyro_flat.infer.mcmc.l2e.meta_net.L2EState`) the meta-network reads."""
         d = self.layout.size
-        chains = 1 if self.vectorized_chains is None else self.vectorized_chains
+        chains = self.vectorized_chains or 1
         # features are normalised per site of each chain: the chains' rows lie one after another
         segments = [(c * d + s.offset, c * d + s.stop) for c in range(chains)
                     for s in self.layout.sites]
 
         def rows(x: torch.Tensor) -> torch.Tensor:  # one row per chain (views)
-            return x if self.vectorized_chains is None else x.view(chains, d, *x.shape[1:])
+            return x.view(chains, d, *x.shape[1:])
 
         return (
             StateField("features", "the meta-network's per-element features",
@@ -250,8 +250,8 @@ class L2E(SGMCMCKernel):
 
     @property
     def momentum(self) -> torch.Tensor:
-        """The current momentum ``r`` (flat)."""
-        return self.state.momentum
+        """The current momentum ``r`` (flat; ``(K, d)`` for vectorised chains)."""
+        return self.outward(self.state.momentum)
 
 
 __all__ = ["L2E", "MetaNet"]

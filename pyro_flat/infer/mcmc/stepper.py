@@ -1,0 +1,136 @@
+r"""One SG step of a kernel's chains, and what happens when it is not finite.
+
+.. math:: (\hat U, \nabla \hat U) = \text{estimate}(\theta, \text{batch}), \qquad
+          \theta \leftarrow \text{update}(\theta, \nabla \hat U, \epsilon)
+          \text{ for the chains whose } \hat U \text{ and } \|\nabla \hat U\| \text{ are finite}
+
+A chain whose potential or gradient is not finite skips the step: its rows of the state are
+kept as they were, it draws no noise, it falls back to its last finite position
+(:meth:`~pyro_flat.infer.mcmc.chain.Chains.fall_back`), and the next step tries again with a
+fresh minibatch and fresh noise. The divergence policy
+(:class:`~pyro_flat.infer.mcmc.divergence.DivergencePolicy`) stops a chain that does so too
+often, naming its site and step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from pyro_flat.infer.mcmc.chain import Chains
+from pyro_flat.infer.mcmc.divergence import DivergencePolicy
+from pyro_flat.infer.mcmc.estimators import Estimate, Evaluate
+from pyro_flat.infer.mcmc.state import KernelState
+from pyro_flat.target.layout import FlatLayout
+
+__all__ = ["SGStepper", "StepResult"]
+
+#: ``update(state, estimate, step_size)``: a kernel's update rule, in place.
+Update = Callable[[KernelState, Estimate, float], None]
+
+
+class StepResult(NamedTuple):
+    """What one SG step saw: per chain, the potential and gradient norm at the position the step
+    started from, which chains were finite (``None``: all), the step size, and the
+    estimator's statistics."""
+
+    energy: torch.Tensor
+    grad_norm: torch.Tensor
+    finite: torch.Tensor | None
+    step_size: float
+    stats: dict[str, Any] = {}
+
+
+class SGStepper:
+    """Steps ``chains`` with an estimator and an update rule (see the module).
+
+    Parameters
+    ----------
+    chains : Chains
+        The chains, one row each.
+    evaluate : callable
+        ``evaluate(batch) -> (U, grad U)`` at the chains' positions, one row each.
+    estimator : callable
+        ``estimator(position, evaluate, batch) -> Estimate``
+        (:mod:`~pyro_flat.infer.mcmc.estimators`).
+    update : callable
+        The kernel's update rule, ``update(state, estimate, step_size)``.
+    divergence : DivergencePolicy
+        The record of non-finite steps, and when a chain must stop.
+    layout : FlatLayout
+        The sites on the position, for the message of a chain that stops.
+    """
+
+    def __init__(self, chains: Chains, evaluate: Evaluate, estimator: Callable[..., Estimate],
+                 update: Update, divergence: DivergencePolicy, layout: FlatLayout):
+        self.chains = chains
+        self.evaluate = evaluate
+        self.estimator = estimator
+        self.update = update
+        self.divergence = divergence
+        self.layout = layout
+        #: During an update that some chains skip: the chains that take it (``None``: all).
+        self.active_chains: torch.Tensor | None = None
+
+    def step(self, step_size: float, batch: torch.Tensor | None,
+             evaluated: Callable[[StepResult], None] | None = None,
+             moments: Callable[[torch.Tensor, torch.Tensor | None], None] | None = None
+             ) -> StepResult:
+        """One SG step of every chain with ``step_size`` on ``batch``.
+
+        ``evaluated(result)`` is called once the potential is known and before the update (the
+        statistics of the draw the step starts from); ``moments(grad, rows)`` with the
+        gradients of the chains ``rows`` that take the step (``None``: all).
+        """
+        chains, state = self.chains, self.chains.state
+        estimate = self.estimator(chains.position, self.evaluate, batch)
+        gnorm = torch.linalg.vector_norm(estimate.grad, dim=-1)
+        # one synchronisation: a finite sum means every chain is finite (an overflowing sum of
+        # finite values goes the slow way, which finds them finite)
+        all_finite = math.isfinite(float((estimate.energy + gnorm).sum()))
+        finite = None
+        if not all_finite:
+            finite = torch.isfinite(estimate.energy) & torch.isfinite(gnorm)
+            all_finite = bool(finite.all())
+        result = StepResult(estimate.energy, gnorm, None if all_finite else finite, step_size,
+                            estimate.stats)
+        if evaluated is not None:
+            evaluated(result)
+        bad = None if all_finite else ~finite
+        stop = self.divergence.record(bad)
+        if all_finite:
+            chains.keep_finite()
+            if moments is not None:
+                moments(estimate.grad, None)
+            self.update(state, estimate, step_size)
+        else:
+            if stop is not None:
+                raise RuntimeError(self.divergence.message(
+                    self.layout, chains.position[stop], estimate.grad[stop],
+                    float(estimate.energy[stop]), state.num_steps, stop,
+                    chains.num_chains if chains.vectorized else None))
+            self._step_finite_chains(estimate, step_size, finite, moments)
+            chains.fall_back(bad)
+        state.num_steps += 1
+        return result
+
+    def _step_finite_chains(self, estimate: Estimate, step_size: float, finite: torch.Tensor,
+                            moments: Callable[[torch.Tensor, torch.Tensor | None], None] | None
+                            ) -> None:
+        """The update of the chains ``finite``, the others' rows of the state kept."""
+        if not bool(finite.any()):
+            return
+        chains, bad = self.chains, ~finite
+        chains.keep_finite_rows(finite)
+        if moments is not None:
+            moments(estimate.grad, finite)
+        kept = chains.rows_of(bad)
+        self.active_chains = finite
+        try:
+            self.update(chains.state, estimate, step_size)
+        finally:
+            self.active_chains = None
+        chains.put_rows(kept, bad)
