@@ -94,6 +94,9 @@ class ChainMinibatches:
         Where the index tensors live.
     generators : list of torch.Generator or None
         ``[None]``: one chain on torch's global stream; else one generator per chain.
+    rows : bool, optional
+        Whether a batch has a leading chain dimension (default: with generators); ``False``
+        with one generator gives one chain's ``(B,)`` from its own stream.
 
     Examples
     --------
@@ -108,10 +111,14 @@ class ChainMinibatches:
     """
 
     def __init__(self, size: int, batch_size: int, device: torch.device | str,
-                 generators: list[torch.Generator | None]):
+                 generators: list[torch.Generator | None], rows: bool | None = None):
         self.streams = [MinibatchStream(size, batch_size, device, g) for g in generators]
-        #: Whether the chains are vectorised (batches with a leading chain dimension).
+        #: Whether the chains are vectorised (one stream each; a list in :meth:`state_dict`).
         self.vectorized = generators != [None]
+        if rows is False and len(generators) != 1:
+            raise ValueError(f"rows=False needs one chain, got {len(generators)} generators")
+        #: Whether a batch has a leading chain dimension.
+        self.rows = self.vectorized if rows is None else rows
 
     @property
     def size(self) -> int:
@@ -124,15 +131,15 @@ class ChainMinibatches:
         return self.streams[0].batch_size
 
     def next(self) -> torch.Tensor:
-        """The next minibatch: ``(B,)``, or ``(K, B)`` for vectorised chains."""
-        if not self.vectorized:
+        """The next minibatch: ``(B,)``, or ``(K, B)`` with :attr:`rows`."""
+        if not self.rows:
             return self.streams[0].next()
         return torch.stack([stream.next() for stream in self.streams])
 
     def peek(self) -> torch.Tensor:
         """The minibatch :meth:`next` would return, without advancing (see
         :meth:`MinibatchStream.peek` for the random stream)."""
-        if not self.vectorized:
+        if not self.rows:
             return self.streams[0].peek()
         return torch.stack([stream.peek() for stream in self.streams])
 

@@ -105,6 +105,11 @@ class Target:
         self._grad = torch.empty_like(position)
 
     @property
+    def position(self) -> torch.Tensor | None:
+        """The position given to :meth:`bind` (``None`` before)."""
+        return self._position
+
+    @property
     def grad_buffer(self) -> torch.Tensor:
         """The flat buffer :meth:`value_and_grad` writes the gradient into (shaped like the
         bound position)."""

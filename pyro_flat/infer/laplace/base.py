@@ -92,7 +92,7 @@ class LaplaceApproximation:
     # ------------------------------------------------------------------ the evidence
 
     def fitted_curvature(self) -> Curvature:
-        """The curvature :meth:`fit` computed (``RuntimeError`` before it)."""
+        """The curvature ``fit(x, y)`` computed (``RuntimeError`` before it)."""
         if self.curvature is None:
             raise RuntimeError("call fit(x, y) first")
         return self.curvature

@@ -139,6 +139,8 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         ``(draws, K)``; :func:`pyro_flat.to_arviz`, :func:`pyro_flat.get_samples` and
         :func:`pyro_flat.sample_stats` give ``K`` chains. With warmup adaptation all chains take
         the smallest of their step sizes (each chain keeps its own diagonal metric).
+        ``vectorized_chains=1`` evaluates its chain as a single chain does (no ``vmap``, so it
+        costs what one chain costs), with the chain dimension kept in the draws.
 
     Notes
     -----
@@ -387,13 +389,15 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         self.warmup.plan(warmup_steps, z)
         self._user_initial_params = None
         shard = self.data_shard
-        #: The potential the chain moves on (:class:`~pyro_flat.target.Target`); a single
-        #: chain's potential takes its row without the chain dimension.
+        #: The potential the chain moves on (:class:`~pyro_flat.target.Target`).
         self.target = Target(self.potential, layout, plate, None if shard is None else (
             lambda u, grad: shard.all_reduce_(u, grad, self.num_steps)), run.num_data)
-        self._bound = self.chains.outward(z)
+        # one chain's potential (a single chain's, or vectorized_chains=1's) takes its row
+        # without the chain dimension: it goes through no vmap
+        self._bound = z if self.potential_chains is not None else z[0]
         self.target.bind(self._bound)
-        self._grad_rows = None if k is not None else self.target.grad_buffer.unsqueeze(0)
+        self._grad_rows = (None if self.potential_chains is not None
+                           else self.target.grad_buffer.unsqueeze(0))
         names = tuple(dict.fromkeys(self.stat_names + self.estimator.stat_names))
         self.recorder = DrawRecorder(names, self.stat_dtypes)
         #: Which chains' steps were non-finite, and when one must stop (:mod:`.divergence`).
@@ -464,9 +468,10 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         # a run whose statistics went to a draw store reads back only what it needs here
         stats = self.recorder.tensors(["diverging"] if self.recorder.released else None)
         diverging = stats.get("diverging", torch.zeros(0, dtype=torch.bool))
-        # a draw of vectorised chains diverges where any of its chains did
-        divergences = torch.nonzero(diverging.reshape(len(diverging), -1).any(-1)
-                                    ).flatten().tolist()
+        # a draw of vectorised chains diverges where any of its chains did (a run stopped in
+        # warmup has no draw)
+        per_draw = diverging if diverging.dim() < 2 else diverging.flatten(1).any(-1)
+        divergences = torch.nonzero(per_draw).flatten().tolist()
         out = {"divergences": divergences, "sample_stats": stats, "num_sg_steps": self.num_steps}
         if self.recorder.released:
             # the statistics are in the draw store; holding them here would make the memory
@@ -551,7 +556,19 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         <pyro_flat.target.Target.value_and_grad>`), shaped as :attr:`position`: with vectorised
         chains ``U`` holds one energy per chain and the gradient one row. The gradient is the
         target's flat buffer, overwritten by the next call."""
-        return self.target.value_and_grad(self._bound, batch)
+        u, grad = self.target.value_and_grad(self._bound, batch)
+        if self.vectorized_chains == 1:
+            return u.reshape(1), self._grad_rows
+        return u, grad
+
+    @property
+    def potential_chains(self) -> int | None:
+        """How many chains the potential evaluates at once, a leading dimension of its
+        parameters and minibatches: ``K`` for ``vectorized_chains=K > 1``; ``None`` for one
+        chain (a single chain, or ``vectorized_chains=1``), whose potential takes its row
+        without the chain dimension."""
+        k = self.vectorized_chains
+        return k if k is not None and k > 1 else None
 
     def evaluate_rows(self, batch: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`potential_and_grad` with one row per chain, ``(K,)`` and ``(K, d)`` (``K = 1``

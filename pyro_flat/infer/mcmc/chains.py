@@ -4,7 +4,8 @@ evaluated at once.
 A kernel built with ``vectorized_chains=K`` keeps its position as a ``(K, d)`` tensor, one row
 per chain, and every state field with the same leading dimension. The model's potential is
 evaluated for all rows by :func:`torch.func.vmap` over the chains (each chain with its own
-minibatch), and one backward pass gives every chain's gradient (the chains are independent,
+minibatch; ``K = 1`` goes through no ``vmap``: its potential takes its row as a single chain's
+does), and one backward pass gives every chain's gradient (the chains are independent,
 so the gradient of the sum holds each row's gradient). Every update rule is elementwise or
 reduces over the last dimension only, so each row follows the single-chain rule.
 

@@ -60,7 +60,8 @@ def model_run_target(model: Callable, args: tuple, kwargs: dict, *,
                      device: torch.device) -> RunTarget:
     """The target of a Pyro model: traced once per chain (each chain's initial values drawn
     from its own stream, ``streams``; ``None``: one chain on the global stream), its potential
-    vectorised over the chains, or one data-parallel rank's part of it (``shard``)."""
+    vectorised over the chains (one chain's, with a single stream, takes its row without the
+    chain dimension: no ``vmap``), or one data-parallel rank's part of it (``shard``)."""
     traced_batch = (subsample_size if shard is None
                     else shard.traced_batch_size(subsample_size))
 
@@ -73,12 +74,13 @@ def model_run_target(model: Callable, args: tuple, kwargs: dict, *,
     potential: Any = ModelPotential(model, args, kwargs, layout, plate, flat_prior)
     if shard is not None:  # the plate of all ranks' data; this rank's part of U
         plate, potential = shard.distribute(plate, potential)
-    if streams is not None:
+    rows = streams is not None and len(streams) > 1
+    if rows:
         potential = VectorizedPotential(potential, len(streams))
     minibatches = None
     if plate is not None:
         generators = [None] if streams is None else list(streams)
-        minibatches = ChainMinibatches(plate.size, plate.batch_size, device, generators)
+        minibatches = ChainMinibatches(plate.size, plate.batch_size, device, generators, rows)
     return RunTarget(layout, potential, plate, num_data, [t.init for t in traced], minibatches)
 
 

@@ -190,14 +190,14 @@ class Warmup:
                 k.chain_streams.set_state(streams)
         target = k.target
         scale = None if k.metric is None else target.site_views(
-            k.metric.scale.reshape(k.position.shape))
+            k.metric.scale.reshape(target.position.shape))
 
         def potential(phi: dict[str, torch.Tensor]) -> torch.Tensor:
             params = phi if scale is None else {n: v * scale[n] for n, v in phi.items()}
             return target.value(params, batch)
 
         start = {n: v.detach() if scale is None else v.detach() / scale[n]
-                 for n, v in target.site_views(k.position).items()}
+                 for n, v in target.site_views(target.position).items()}
         generator = torch.Generator().manual_seed(2_654_435_761 + k.num_steps)
         with kept_running_stats(find_batchnorm(k.model)):
             curvature, _ = hessian_top_eigenvalue(
@@ -263,7 +263,7 @@ class Warmup:
         with kept_running_stats(find_batchnorm(k.model)):
             variance = gradient_noise.measure_variance(
                 k.potential_and_grad, batches.size, batches.batch_size,
-                k.vectorized_chains, k.num_steps, k.position.device)
+                k.potential_chains, k.num_steps, k.position.device)
         if variance is not None:
             self._gradient_variance = variance
 

@@ -193,6 +193,24 @@ def test_chain_that_stays_nonfinite_stops_with_an_error():
         harness.run(kernel, 100, 0)
 
 
+@pytest.mark.parametrize("chains", [None, 2])
+def test_a_run_stopped_in_warmup_keeps_readable_diagnostics(chains):
+    """A chain that stops in warmup has recorded no draw: ``diagnostics()`` says so."""
+    shape = (3,) if chains is None else (chains, 3)
+
+    def potential(params, calls=[0]):  # noqa: B006 (counts the calls)
+        calls[0] += 1
+        u = 0.5 * params["x"].square().sum(-1)
+        return u * float("nan") if calls[0] > 20 else u
+
+    kernel = SGLD(potential_fn=potential, initial_params={"x": torch.zeros(shape)},
+                  step_size=0.1, max_nonfinite_steps=10, vectorized_chains=chains)
+    with pytest.raises(RuntimeError, match="diverged"):
+        harness.run(kernel, 100, 50)
+    diag = kernel.diagnostics()
+    assert diag["divergences"] == [] and len(diag["sample_stats"]["diverging"]) == 0
+
+
 def infinite_gradient_model(x, y):
     w = pyro.sample("w", dist.Normal(0.0, 1.0))
     b = pyro.sample("b", dist.Normal(0.0, 1.0))

@@ -73,6 +73,22 @@ def test_noiseless_chains_are_the_separate_runs(name):
     assert not torch.allclose(weights[0], weights[1], rtol=1e-3)
 
 
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_one_vectorized_chain_runs_as_the_single_chain(name):
+    """``vectorized_chains=1`` evaluates its one chain's potential as a single chain does (no
+    vmap): without noise its draws and statistics are the single chain's, bit for bit, with
+    the chain dimension kept."""
+    one = _run(name, SEED, vectorized_chains=1)
+    alone = _run(name, SEED)
+    assert one.kernel.potential_chains is None
+    for site, value in alone.get_samples().items():
+        assert one.get_samples()[site].shape == (value.shape[0], 1, *value.shape[1:])
+        assert torch.equal(one.get_samples()[site][:, 0], value), site
+    stats = pyro_flat.sample_stats(one, group_by_chain=True)
+    for stat, value in pyro_flat.sample_stats(alone).items():
+        assert torch.equal(stats[stat][0].to(value.dtype), value), stat
+
+
 def test_chains_sample_the_exact_langevin_law_of_a_conjugate_regression():
     """16 vectorised SGLD chains on the full-batch Bayesian linear regression: pooled mean and
     covariance of (w1, w2, b) within Z = 4.5 Monte Carlo standard errors of the exact
