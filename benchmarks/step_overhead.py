@@ -384,7 +384,8 @@ def measure_network(network: str, args: argparse.Namespace) -> tuple[list[Row], 
     model = subsampled_model(net)
     num_params = sum(p.numel() for p in hand.leaves)
     print(f"\n{network}: {num_params:,} parameters, priors from {builder}", flush=True)
-    rows = {k: Row(network, k, num_params) for k in KERNELS}
+    kernels = tuple(args.kernels)
+    rows = {k: Row(network, k, num_params) for k in kernels}
     pot = PotentialRow(network)
     pot_kernel = kernel_potential(model, data, EpochIndices(NUM_DATA, BATCH_SIZE, per_step))
     hand_pot = hand.potential_and_grad
@@ -392,11 +393,11 @@ def measure_network(network: str, args: argparse.Namespace) -> tuple[list[Row], 
     warm = max(args.steps // 3, STEPS_PER_DRAW)
     for fn in (hand.step, hand_pot, pot_kernel):
         timed(repeat(fn, warm))
-    for k in KERNELS:
+    for k in kernels:
         mcmc_timing(k, model, data, warm)
 
     for r in range(args.rounds):
-        order = KERNELS[r % len(KERNELS):] + KERNELS[: r % len(KERNELS)]
+        order = kernels[r % len(kernels):] + kernels[: r % len(kernels)]
         for k in order:  # each kernel measurement next to its own hand-written one
             hand_t = timed(repeat(hand.step, args.steps))
             run_t = mcmc_timing(k, model, data, args.steps)
@@ -407,9 +408,9 @@ def measure_network(network: str, args: argparse.Namespace) -> tuple[list[Row], 
         for who, fn in pair if r % 2 == 0 else pair[::-1]:
             pot.add(who, timed(repeat(fn, pot_steps)).per_step_ms(pot_steps))
         print(f"  round {r + 1}/{args.rounds}: "
-              + ", ".join(f"{k} {rows[k].ratios[-1]:.2f}x" for k in KERNELS), flush=True)
+              + ", ".join(f"{k} {rows[k].ratios[-1]:.2f}x" for k in kernels), flush=True)
 
-    for k in KERNELS:
+    for k in kernels:
         rise, mcmc, method = peak_rss_rise_mb(
             lambda k=k: run_mcmc(k, model, data, args.steps // STEPS_PER_DRAW)
         )
@@ -487,7 +488,12 @@ def markdown(rows: list[Row], pots: list[PotentialRow], meta: dict[str, Any]) ->
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    global STEPS_PER_DRAW
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps-per-draw", type=int, default=STEPS_PER_DRAW,
+                        help="SG steps per draw (1: thin 1, a draw's work in every step; "
+                        "CyclicalSGLD needs at least 2)")
+    parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
     parser.add_argument("--steps", type=int, default=300, help="SG steps per measurement")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved measurement rounds")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
@@ -501,6 +507,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.rounds = 30, 2
+    if args.steps_per_draw < 1 or (args.steps_per_draw < 2 and "CyclicalSGLD" in args.kernels):
+        parser.error("--steps-per-draw must be at least 1 (2 with CyclicalSGLD, whose cycle "
+                     "ends each draw)")
+    STEPS_PER_DRAW = args.steps_per_draw
     if args.out is None:
         name = "step_overhead_quick.json" if args.quick else "step_overhead.json"
         args.out = Path("benchmarks/results") / name

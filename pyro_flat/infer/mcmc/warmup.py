@@ -140,9 +140,9 @@ class Warmup:
         """What runs at the start of a draw: noise measurement, adaptation, thinning."""
         k = self.kernel
         draw = k.draw_index
-        if self._noise_at and draw == self._noise_at[0]:
+        measured = bool(self._noise_at) and draw == self._noise_at[0]
+        if measured:
             self.measure_noise()
-        measured = bool(self.noise_log) or self._gradient_variance is not None
         step_before = k.base_step_size
         adapted = False
         if self._estimate_at and draw == self._estimate_at[0]:
@@ -150,7 +150,9 @@ class Warmup:
             adapted = True
         if self._thinning_at and draw == self._thinning_at[0]:
             self._end_thinning_window(step_before)
-        if measured and (adapted or not k.adapts) and (
+        # report what this draw measured, at the step in force: once the step is chosen when
+        # warmup chooses it
+        if (adapted or (measured and not k.adapts)) and (
                 not self.noise_log or self.noise_log[-1]["num_sg_steps"] != k.num_steps):
             self.report_noise()
 

@@ -168,6 +168,22 @@ def test_a_given_step_is_measured_and_warned_about():
     assert report["site"] == "mu"
 
 
+@pytest.mark.parametrize("name", KERNELS)
+@pytest.mark.parametrize("warmup", [0, 20])
+def test_the_noise_is_reported_once_per_measurement(name, warmup):
+    """A run with a given step measures the noise at warmup's estimate points (at its first draw
+    without warmup) and reports each measurement once, not again at every later draw."""
+    kw = {"friction": 50.0} if name == "SGHMC" else {}
+    kernel = KERNELS[name](step_size=1e-4, subsample_size=B, num_steps_per_sample=1, **kw)
+    pyro.set_rng_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        pyro.infer.MCMC(kernel, num_samples=30, warmup_steps=warmup,
+                        disable_progbar=True).run(data())
+    draws = [r["draw"] for r in kernel.warmup.noise_log]
+    assert draws == ([0] if warmup == 0 else [0, 5, 10, 15])
+
+
 def test_a_full_batch_run_reports_no_noise():
     y = data()
     kernel = SGLD(model, num_steps_per_sample=2)
