@@ -14,6 +14,7 @@ checkpoints (:mod:`~pyro_flat.infer.mcmc.checkpoint`), the per-draw statistics
 (:mod:`~pyro_flat.infer.mcmc.recorder`) and what a draw holds
 (:mod:`~pyro_flat.infer.mcmc.draw_layout`).
 """
+
 from __future__ import annotations
 
 import math
@@ -412,7 +413,7 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         self.draw_layout = DrawLayout(layout, self.state.draw_fields(), k)
         if self.model is not None:
             self.transforms = self.draw_layout.transforms
-        self._last_flat = self.chains.outward(self.draw_layout.copy(z, self.state))
+        self._last_flat = self.outward(self.draw_layout.copy(z, self.state))
         self._initial_params = self.draw_layout.views(self._last_flat)
         self._last_draw = self._initial_params
 
@@ -420,7 +421,7 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
     def position(self) -> torch.Tensor:
         """The chain's current parameters: one flat, unconstrained tensor (see :attr:`layout`),
         ``(d,)``, or ``(K, d)`` for vectorised chains."""
-        return self.chains.outward(self.chains.position)
+        return self.outward(self.chains.position)
 
     def outward(self, rows: Any) -> Any:
         """Per-chain values (one row or list entry per chain) as users see them: as they are
@@ -447,7 +448,7 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         if self._draw >= self._warmup_steps:
             self._record_draw()
         self._draw += 1
-        self._last_flat = self.chains.outward(self.draw_layout.copy(z, self.state))
+        self._last_flat = self.outward(self.draw_layout.copy(z, self.state))
         self._last_draw = self.draw_layout.views(self._last_flat)
         return self._last_draw
 
@@ -556,10 +557,8 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         <pyro_flat.target.Target.value_and_grad>`), shaped as :attr:`position`: with vectorised
         chains ``U`` holds one energy per chain and the gradient one row. The gradient is the
         target's flat buffer, overwritten by the next call."""
-        u, grad = self.target.value_and_grad(self._bound, batch)
-        if self.vectorized_chains == 1:
-            return u.reshape(1), self._grad_rows
-        return u, grad
+        u, grad = self.evaluate_rows(batch)
+        return self.outward(u), self.outward(grad)
 
     @property
     def potential_chains(self) -> int | None:

@@ -3,12 +3,10 @@ copy of each chain's last finite position that a non-finite step falls back to.
 
 One chain is one row: every path from the state to the update sees ``(K, d)``, ``K = 1`` for
 a single chain. Only Pyro's side of the kernel (the draws, the public ``position``, the
-statistics) sees a single chain without its row (:meth:`Chains.outward`).
+statistics) sees a single chain without its row (the kernel's ``outward``).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 
@@ -28,7 +26,7 @@ class Chains:
         The chains' state; its ``position`` has one row per chain.
     vectorized : bool
         Whether the user asked for vectorised chains (``vectorized_chains=K``); ``False``: a
-        single chain, whose row is dropped at Pyro's side (:meth:`outward`).
+        single chain, whose row is dropped at Pyro's side and in its messages.
 
     Examples
     --------
@@ -59,15 +57,6 @@ class Chains:
     @property
     def num_chains(self) -> int:
         return self.state.position.shape[0]
-
-    def outward(self, rows: Any) -> Any:
-        """Per-chain values as Pyro and users see them: the rows of vectorised chains, a single
-        chain's one row."""
-        return rows if self.vectorized else rows[0]
-
-    def inward(self, value: torch.Tensor) -> torch.Tensor:
-        """The inverse of :meth:`outward` for a tensor: a single chain's value as its row."""
-        return value if self.vectorized else value.unsqueeze(0)
 
     def keep_finite(self) -> None:
         """Every chain's step was finite: remember the positions the step starts from."""
