@@ -200,6 +200,9 @@ def measure(network: str, args: argparse.Namespace, device: torch.device) -> dic
 
     runs["SGLD"] = kernel_run(lambda m: SGLD(m, STEP, num_steps_per_sample=STEPS_PER_DRAW),
                               STEPS_PER_DRAW)
+    runs["SGLD compile=True"] = kernel_run(
+        lambda m: SGLD(m, STEP, num_steps_per_sample=STEPS_PER_DRAW, compile=True),
+        STEPS_PER_DRAW)
     runs["SGLD thin 1"] = kernel_run(lambda m: SGLD(m, STEP, num_steps_per_sample=1), 1)
     runs["L2E"] = kernel_run(lambda m: L2E(m, STEP, num_steps_per_sample=STEPS_PER_DRAW),
                              STEPS_PER_DRAW)

@@ -90,6 +90,17 @@ def test_a_noiseless_full_batch_run_is_the_cpu_run(name):
                                    atol=1e-5, msg=site)
 
 
+def test_the_compiled_potential_on_the_gpu_draws_as_the_eager_one():
+    """compile=True on the GPU (minibatched, noise on): the eager GPU run's draws to float32
+    rounding over a short run."""
+    eager = run("SGLD", "cuda", subsample_size=32)
+    compiled = run("SGLD", "cuda", subsample_size=32, compile=True)
+    assert pyro_flat.kernel_diagnostics(compiled)[0]["compile"]["used"]
+    for site, value in eager.get_samples().items():
+        torch.testing.assert_close(compiled.get_samples()[site], value, rtol=1e-4, atol=1e-5,
+                                   msg=site)
+
+
 def test_a_warmup_adapted_run_on_the_gpu():
     pyro.set_rng_seed(0)
     mcmc = MCMC(registry.KERNELS["SGLD"](model("cuda", 32)), num_samples=10, warmup_steps=40,

@@ -47,6 +47,7 @@ __all__ = [
     "bayesian_parameter_names",
     "init_to_network",
     "make_bayesian",
+    "plain_class",
 ]
 
 #: Layers whose affine parameters stay deterministic unless ``bayesian_batchnorm=True``.
@@ -95,8 +96,15 @@ def _own_parameters(layer: nn.Module) -> dict[str, nn.Parameter]:
     return dict(layer.named_parameters(recurse=False, remove_duplicate=False))
 
 
-def _plain_class(cls: type) -> type:
-    """The torch class behind a ``PyroModule[cls]`` mixin, else ``cls`` itself."""
+def plain_class(cls: type) -> type:
+    """The torch class behind a ``PyroModule[cls]`` mixin, else ``cls`` itself.
+
+    Examples
+    --------
+    >>> from pyro.nn import PyroModule
+    >>> plain_class(PyroModule[torch.nn.Linear]) is torch.nn.Linear
+    True
+    """
     for plain, mixin in _PyroModuleMeta._pyro_mixin_cache.items():
         if mixin is cls:
             return plain
@@ -123,7 +131,7 @@ def _meta_template(layer: nn.Module) -> nn.Module:
         elif key in ("_pyro_context", "_pyro_params", "_pyro_samples"):
             memo[id(value)] = None  # PyroModule state: not copied, dropped or reset below
     template = copy.deepcopy(layer, memo)
-    plain = _plain_class(type(layer))
+    plain = plain_class(type(layer))
     if plain is not type(layer):
         template.__class__ = plain
         for key in [k for k in template.__dict__ if k.startswith("_pyro_")]:

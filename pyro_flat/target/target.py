@@ -7,6 +7,8 @@ vectorised or data-parallel wrappers, or a user's ``potential_fn``); the closed-
 prior (:class:`~.flat_prior.FlatNormalPrior`) is added on the flat vector, here and nowhere
 else, both on the hot path (:meth:`Target.value_and_grad`, the gradient into one flat buffer)
 and where a differentiable value is needed (:meth:`Target.value`, e.g. warmup's curvature).
+A kernel's ``compile=`` may install a compiled potential of the whole of :math:`\hat U`
+(:attr:`Target.compiled`, :mod:`.compiled`), which the hot path then evaluates instead.
 """
 
 from __future__ import annotations
@@ -91,6 +93,11 @@ class Target:
         self.num_data = int(plate.size) if plate is not None else num_data
         self.reduce = reduce
         self._position: torch.Tensor | None = None
+        #: The compiled potential the hot path evaluates instead of ``potential`` (set by a
+        #: kernel's ``compile=``; :class:`~pyro_flat.target.compiled.CompiledPotential`), or
+        #: ``None``.
+        self.compiled: Callable[[torch.Tensor, torch.Tensor | None],
+                                tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def bind(self, position: torch.Tensor) -> None:
         """Evaluate at ``position`` (updated in place by the chain) from now on: the sites
@@ -132,6 +139,10 @@ class Target:
         the gradient is the target's buffer, overwritten by the next call."""
         if position is not self._position:
             raise ValueError("Target.value_and_grad evaluates at the position given to bind()")
+        if self.compiled is not None:  # the closed-form prior included
+            u, grad = self.compiled(position, batch)
+            self._grad.copy_(grad)
+            return u, self._grad
         chains = position.shape[:-1]
         leaves = self._leaves
         with torch.enable_grad():

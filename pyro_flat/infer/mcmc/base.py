@@ -39,6 +39,7 @@ from pyro_flat.infer.mcmc.arguments import (
 from pyro_flat.infer.mcmc.chain import Chains
 from pyro_flat.infer.mcmc.chains import ChainStreams
 from pyro_flat.infer.mcmc.checkpoint import Checkpoints, state_fingerprint
+from pyro_flat.infer.mcmc.compilation import Compilation, check_compile, set_up_compilation
 from pyro_flat.infer.mcmc.divergence import DivergencePolicy, warn_if_blown_up
 from pyro_flat.infer.mcmc.draw_layout import DrawLayout
 from pyro_flat.infer.mcmc.estimators import MinibatchGradient
@@ -50,6 +51,7 @@ from pyro_flat.infer.mcmc.update_rule import UpdateRule
 from pyro_flat.infer.mcmc.warmup import Warmup
 from pyro_flat.target.layout import FlatLayout
 from pyro_flat.target.minibatch import ChainMinibatches
+from pyro_flat.target.network_potential import read_network
 from pyro_flat.target.target import Target
 
 #: The default ``stability_fraction``: the adapted step as a fraction of the stability limit.
@@ -142,6 +144,16 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         the smallest of their step sizes (each chain keeps its own diagonal metric).
         ``vectorized_chains=1`` evaluates its chain as a single chain does (no ``vmap``, so it
         costs what one chain costs), with the chain dimension kept in the draws.
+    compile : {False, True, "auto"}
+        Compile the potential and its gradient with :func:`torch.compile`
+        (:mod:`~pyro_flat.infer.mcmc.compilation`): one function of the flat position and the
+        minibatch, for a :class:`~pyro_flat.models.bnn.BNN` with a built-in likelihood and
+        constant Normal priors (:func:`~pyro_flat.target.network_potential.read_network`);
+        the update is unchanged and the draws equal the eager path's to float rounding.
+        ``True``: an error for a model that cannot be read; ``"auto"``: compiled where it can
+        be and a short trial at the start of the run finds it faster; ``False``: eager.
+        Compiling takes seconds (once per process and shape: a later run of the same shapes
+        reuses it); ``diagnostics()["compile"]`` says what was chosen, why, and the times.
 
     Notes
     -----
@@ -187,6 +199,7 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         preconditioner: str | None = None,
         stability_fraction: float = STABILITY_FRACTION,
         vectorized_chains: int | None = None,
+        compile: bool | str = False,  # noqa: A002 (the name users expect, as torch's)
     ):
         if (model is None) == (potential_fn is None):
             raise ValueError("give exactly one of model and potential_fn")
@@ -265,6 +278,10 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
                 "given it is ignored", UserWarning, stacklevel=2)
         self.vectorized_chains = None if vectorized_chains is None else (
             validation.integer_at_least("vectorized_chains", vectorized_chains, 1))
+        #: ``compile=``: False, True or "auto" (:mod:`.compilation`).
+        self.compile = check_compile(compile)
+        #: What ``compile=`` chose for the current run (:class:`~.compilation.Compilation`).
+        self.compilation: Compilation | None = None
         self.metric: DiagonalMetric | None = None
         #: What warmup measures and chooses (:class:`~pyro_flat.infer.mcmc.warmup.Warmup`).
         self.warmup = Warmup(self)
@@ -416,6 +433,22 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         self._last_flat = self.outward(self.draw_layout.copy(z, self.state))
         self._initial_params = self.draw_layout.views(self._last_flat)
         self._last_draw = self._initial_params
+        rng = pyro.util.get_rng_state()  # compiling draws from torch's global stream
+        try:
+            self.compilation = set_up_compilation(
+                self.compile, self.target, lambda: self._network_potential(run, args, kwargs),
+                self.potential_chains, self.minibatches is not None, self._peek_keeping_streams)
+        finally:
+            pyro.util.set_rng_state(rng)
+
+    def _network_potential(self, run: Any, args: tuple, kwargs: dict) -> Any:
+        """The run's model as a pure potential, or why it cannot be one (:mod:`.compilation`)."""
+        if self.model is None:
+            return "the target is a potential_fn, whose structure pyro_flat cannot read"
+        if self.data_shard is not None:
+            return "a data-parallel chain's potential is summed over ranks"
+        return read_network(self.model, args, kwargs, run.layout, run.plate,
+                            run.potential.flat_prior)
 
     @property
     def position(self) -> torch.Tensor:
@@ -480,6 +513,8 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
             out["sample_stats"] = {}
             out["sample_stats_in"] = self.recorder.released_to
         out.update(self.warmup.diagnostics())
+        if self.compilation is not None:
+            out["compile"] = self.compilation.as_dict()
         if self.vectorized_chains is not None:
             out["vectorized_chains"] = self.vectorized_chains
         return out
@@ -646,22 +681,26 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         may draw an epoch's permutation). ``diagnostics()`` and the end of the run call it."""
         if not self.recorder.pending:
             return
-        rng = pyro.util.get_rng_state()
-        streams = None if self.chain_streams is None else self.chain_streams.get_state()
-        try:
-            batch = self.peek_batch()
-            u, grad = self.evaluate_rows(batch)
-            gnorm = torch.linalg.vector_norm(grad, dim=-1)
-        finally:
-            pyro.util.set_rng_state(rng)
-            if streams is not None:
-                self.chain_streams.set_state(streams)
+        batch = self._peek_keeping_streams()
+        u, grad = self.evaluate_rows(batch)
+        gnorm = torch.linalg.vector_norm(grad, dim=-1)
         self._close_draw(StepResult(u, gnorm, torch.isfinite(u) & torch.isfinite(gnorm),
                                     self._last.step_size))
 
     def _next_batch(self) -> torch.Tensor | None:
         """The next minibatch indices (one row per chain for vectorised chains), or None."""
         return None if self.minibatches is None else self.minibatches.next()
+
+    def _peek_keeping_streams(self) -> torch.Tensor | None:
+        """:meth:`peek_batch` with the random streams restored afterwards."""
+        rng = pyro.util.get_rng_state()
+        streams = None if self.chain_streams is None else self.chain_streams.get_state()
+        try:
+            return self.peek_batch()
+        finally:
+            pyro.util.set_rng_state(rng)
+            if streams is not None:
+                self.chain_streams.set_state(streams)
 
     def peek_batch(self) -> torch.Tensor | None:
         """The minibatch the next SG step takes, without taking it (None: full batch). At an
