@@ -73,7 +73,7 @@ class CompiledPotential:
     cached : bool
         Whether the compiled function came from the cache (an earlier run of the same shapes).
     compile_seconds : float or None
-        The wall time of the first call (the compilation, unless :attr:`cached`), set by
+        The wall time of the first call (the compilation, unless ``cached``), set by
         :meth:`warm_up`.
 
     Examples

@@ -76,6 +76,7 @@ class NetworkFunction:
         self.likelihood = likelihood
         self.scale_site = scale_site
         self.scale = scale
+        #: What identifies the function: equal keys, the same function of the inputs.
         self.key = key
 
     def energy(self, z: torch.Tensor, x: torch.Tensor, y: torch.Tensor,

@@ -17,10 +17,11 @@ checkpoints (:mod:`~pyro_flat.infer.mcmc.checkpoint`), the per-draw statistics
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyro.util
@@ -433,13 +434,10 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         self._last_flat = self.outward(self.draw_layout.copy(z, self.state))
         self._initial_params = self.draw_layout.views(self._last_flat)
         self._last_draw = self._initial_params
-        rng = pyro.util.get_rng_state()  # compiling draws from torch's global stream
-        try:
+        with self._random_streams_kept():  # compiling draws from torch's global stream
             self.compilation = set_up_compilation(
                 self.compile, self.target, lambda: self._network_potential(run, args, kwargs),
-                self.potential_chains, self.minibatches is not None, self._peek_keeping_streams)
-        finally:
-            pyro.util.set_rng_state(rng)
+                self.potential_chains, self.minibatches is not None, self.peek_batch)
 
     def _network_potential(self, run: Any, args: tuple, kwargs: dict) -> Any:
         """The run's model as a pure potential, or why it cannot be one (:mod:`.compilation`)."""
@@ -653,6 +651,8 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         self._last = self.stepper.step(
             eps, batch, self._close_draw if self.recorder.pending else None,
             warmup.accumulate if warmup.collects_moments else None)
+        if warmup.watches_steps:
+            warmup.after_step(self._last)
 
     def _record_draw(self) -> None:
         k = self.vectorized_chains or 1
@@ -681,9 +681,10 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         may draw an epoch's permutation). ``diagnostics()`` and the end of the run call it."""
         if not self.recorder.pending:
             return
-        batch = self._peek_keeping_streams()
-        u, grad = self.evaluate_rows(batch)
-        gnorm = torch.linalg.vector_norm(grad, dim=-1)
+        with self._random_streams_kept():  # (a potential may draw, as may the peek)
+            batch = self.peek_batch()
+            u, grad = self.evaluate_rows(batch)
+            gnorm = torch.linalg.vector_norm(grad, dim=-1)
         self._close_draw(StepResult(u, gnorm, torch.isfinite(u) & torch.isfinite(gnorm),
                                     self._last.step_size))
 
@@ -691,12 +692,13 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         """The next minibatch indices (one row per chain for vectorised chains), or None."""
         return None if self.minibatches is None else self.minibatches.next()
 
-    def _peek_keeping_streams(self) -> torch.Tensor | None:
-        """:meth:`peek_batch` with the random streams restored afterwards."""
+    @contextlib.contextmanager
+    def _random_streams_kept(self) -> Iterator[None]:
+        """Pyro's random state and the chains' streams as they were, after the block."""
         rng = pyro.util.get_rng_state()
         streams = None if self.chain_streams is None else self.chain_streams.get_state()
         try:
-            return self.peek_batch()
+            yield
         finally:
             pyro.util.set_rng_state(rng)
             if streams is not None:

@@ -42,10 +42,10 @@ TRIAL_ROUNDS = 3
 TRIAL_SECONDS = 0.05
 #: ``"auto"`` keeps the compiled path when it takes less than this fraction of the eager time.
 KEEP_BELOW = 0.95
-#: The largest relative difference between the compiled and the eager potential (and
-#: gradient, in norm) at the chain's start, by dtype.
 #: The ``"auto"`` trials' timings (eager, compiled seconds) by compiled function.
 _trials: dict[tuple, tuple[float, float]] = {}
+#: The largest relative difference between the compiled and the eager potential (and
+#: gradient, in norm) at the chain's start, by dtype.
 RELATIVE_TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 1e-1, torch.float32: 1e-3,
                       torch.float64: 1e-8}
 

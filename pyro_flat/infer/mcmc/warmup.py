@@ -20,6 +20,17 @@ point the step is
 (``f = stability_fraction``), then made small enough that the minibatch noise stays below
 its bound (:mod:`pyro_flat.infer.mcmc.gradient_noise`); the steps per draw come from the
 warmup's autocorrelations (:mod:`pyro_flat.infer.mcmc.thinning`).
+
+A step chosen at one point can be unstable where the chain goes next (a flat start, a sharper
+typical set), and by the time a step overflows the chain has run far out (a blow-up grows for
+several finite steps first). So while warmup chooses the step it watches every SG step
+(:meth:`Warmup.after_step`): it keeps each chain's lowest-energy position so far, and when a
+chain's step is not finite it puts that chain back there (not at its last finite position,
+which is already far out) and multiplies the step by :data:`NONFINITE_BACKOFF`; no later
+estimate of warmup chooses more than that: a step seen to blow a chain up is not taken again.
+Each backoff is a record of ``diagnostics()["step_size_adaptation"]`` marked
+``"after_nonfinite_step"``. After warmup the step is fixed, and a chain whose steps keep being
+non-finite stops with the divergence error.
 """
 
 from __future__ import annotations
@@ -41,6 +52,8 @@ if TYPE_CHECKING:
     from pyro_flat.infer.mcmc.base import SGMCMCKernel
 
 _LOG = logging.getLogger("pyro_flat.adaptation")
+#: The factor on the adapted step after a non-finite SG step in warmup.
+NONFINITE_BACKOFF = 0.5
 
 
 class Warmup:
@@ -74,6 +87,10 @@ class Warmup:
         """Forget what an earlier run chose (the kernel's metric included)."""
         self.kernel.metric = None
         self.step_size: float | None = None
+        #: The largest step warmup may choose after a non-finite step (``None``: no bound).
+        self.step_bound: float | None = None
+        self._lowest: torch.Tensor | None = None  # each chain's lowest-energy position
+        self._lowest_energy: torch.Tensor | None = None
         self.log: list[dict[str, Any]] = []
         self._estimate_at: list[int] = []
         self._moment_sum: torch.Tensor | None = None
@@ -244,6 +261,8 @@ class Warmup:
                 "potential that is linear, or not finite, at the initial parameters); give "
                 "an explicit step_size"
             )
+        if self.step_bound is not None and step > self.step_bound:
+            step = self.step_bound
         k.check_step_size(step)
         self.step_size = step
         record = {"draw": draw, "num_sg_steps": k.num_steps, "curvature": curvature,
@@ -254,6 +273,43 @@ class Warmup:
         _LOG.info("%s: warmup draw %d (SG step %d): largest curvature %.4g, stability limit "
                   "%.4g, step size %.4g%s", type(k).__name__, draw, k.num_steps,
                   curvature, limit, step, " (diagonal metric)" if k.metric else "")
+
+    @property
+    def watches_steps(self) -> bool:
+        """Whether :meth:`after_step` must see each SG step: in warmup, once it has chosen a
+        step."""
+        k = self.kernel
+        return k.adapts and self.step_size is not None and k.in_warmup
+
+    def after_step(self, result: Any) -> None:
+        """Watch an SG step of warmup (:class:`~.stepper.StepResult`): remember each chain's
+        lowest-energy position; after a non-finite step put the chains that took it back there
+        and back off (see the module)."""
+        k = self.kernel
+        chains = k.chains
+        if result.finite is not None:
+            bad = ~result.finite
+            if self._lowest is not None:
+                known = bad & torch.isfinite(self._lowest_energy)
+                chains.position[known] = self._lowest[known]
+            step = NONFINITE_BACKOFF * self.step_size
+            self.step_size = self.step_bound = step
+            self.log.append({"draw": k.draw_index, "num_sg_steps": k.num_steps,
+                             "step_size": step, "after_nonfinite_step": True})
+            _LOG.info("%s: warmup draw %d (SG step %d): a non-finite step; back to the "
+                      "lowest-energy position, step size %.4g from here on and at most that "
+                      "for the rest of warmup", type(k).__name__, k.draw_index, k.num_steps,
+                      step)
+            return
+        energy = result.energy  # at the position the step started from, kept in last_finite
+        if self._lowest is None:
+            self._lowest = chains.last_finite.clone()
+            self._lowest_energy = energy.clone()
+            return
+        lower = energy < self._lowest_energy
+        if bool(lower.any()):
+            self._lowest[lower] = chains.last_finite[lower]
+            self._lowest_energy[lower] = energy[lower]
 
     # ------------------------------------------------------------------ gradient noise
 
@@ -440,6 +496,8 @@ class Warmup:
                 inverse_mass = inverse_mass.unsqueeze(0)
             k.metric = DiagonalMetric(inverse_mass.clone(), inverse_mass.sqrt())
         self.log = [dict(r) for r in state["log"]]
+        backoffs = [r["step_size"] for r in self.log if r.get("after_nonfinite_step")]
+        self.step_bound = min(backoffs) if backoffs else None
         self.steps_per_sample = state.get("num_steps_per_sample")
         self.noise_log = [dict(r) for r in state.get("gradient_noise", [])]
         if state.get("noise_correction") is not None:
