@@ -77,6 +77,8 @@ from pyro_flat.models.likelihoods import Categorical
 NUM_DATA = 10_000
 BATCH_SIZE = 128
 STEPS_PER_DRAW = 10
+#: The driver of the kernel runs (``--driver``): Pyro's ``MCMC`` or pyro_flat's ``LeanMCMC``.
+DRIVER: type = MCMC
 LEARNING_RATE = 0.1  # SGD learning rate on the mean loss; step_size = lr / N
 STEP_SIZE = LEARNING_RATE / NUM_DATA
 KERNELS = ("SGLD", "SGHMC", "CyclicalSGLD")
@@ -197,7 +199,7 @@ def make_kernel(name: str, model: BNN) -> SGMCMCKernel:
 
 
 def run_mcmc(kernel_name: str, model: BNN, data: tuple, num_draws: int) -> MCMC:
-    mcmc = MCMC(make_kernel(kernel_name, model), num_samples=num_draws, warmup_steps=0,
+    mcmc = DRIVER(make_kernel(kernel_name, model), num_samples=num_draws, warmup_steps=0,
                 disable_progbar=True)
     mcmc.run(*data)
     return mcmc
@@ -451,7 +453,7 @@ def markdown(rows: list[Row], pots: list[PotentialRow], meta: dict[str, Any]) ->
         f"{meta['threads']}",
         f"- N = {NUM_DATA}, batch {BATCH_SIZE}, {STEPS_PER_DRAW} SG steps per draw, "
         f"{meta['steps']} steps per measurement, {meta['rounds']} rounds; hand-written minibatch "
-        f"indices: {meta['hand_indices']}",
+        f"indices: {meta['hand_indices']}; driver: {meta.get('driver', 'MCMC')}",
         "",
         "Ratio = kernel ms/step (wall time of `MCMC.run` incl. setup / SG steps) over hand-written "
         "ms/step, median [min, max] over rounds (the JSON also has the ratios of process CPU "
@@ -488,12 +490,15 @@ def markdown(rows: list[Row], pots: list[PotentialRow], meta: dict[str, Any]) ->
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    global STEPS_PER_DRAW
+    global STEPS_PER_DRAW, DRIVER
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps-per-draw", type=int, default=STEPS_PER_DRAW,
                         help="SG steps per draw (1: thin 1, a draw's work in every step; "
                         "CyclicalSGLD needs at least 2)")
     parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
+    parser.add_argument("--driver", choices=("MCMC", "LeanMCMC"), default="MCMC",
+                        help="pyro.infer.MCMC (stacks the draws at the end) or "
+                        "pyro_flat.LeanMCMC (copies each into one preallocated buffer)")
     parser.add_argument("--steps", type=int, default=300, help="SG steps per measurement")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved measurement rounds")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
@@ -511,6 +516,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--steps-per-draw must be at least 1 (2 with CyclicalSGLD, whose cycle "
                      "ends each draw)")
     STEPS_PER_DRAW = args.steps_per_draw
+    if args.driver == "LeanMCMC":
+        from pyro_flat import LeanMCMC
+
+        DRIVER = LeanMCMC
     if args.out is None:
         name = "step_overhead_quick.json" if args.quick else "step_overhead.json"
         args.out = Path("benchmarks/results") / name
@@ -538,7 +547,8 @@ def main(argv: list[str] | None = None) -> None:
         "torch": torch.__version__, "pyro": pyro.__version__, "python": platform.python_version(),
         "cpu": cpu_model(), "cpu_count": torch.multiprocessing.cpu_count(),
         "threads": torch.get_num_threads(), "steps": args.steps, "rounds": args.rounds,
-        "hand_indices": args.hand_indices, "memory_method": args.memory_method,
+        "hand_indices": args.hand_indices, "driver": args.driver,
+        "memory_method": args.memory_method,
         "num_data": NUM_DATA, "batch_size": BATCH_SIZE, "steps_per_draw": STEPS_PER_DRAW,
         "step_size": STEP_SIZE,
     }

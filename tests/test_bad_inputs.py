@@ -430,6 +430,8 @@ CASES: dict[str, tuple[Callable, type, str]] = {
         "stability_fraction=0.1 is used only when warmup chooses the step size"),
     "SGMCMCKernel.vectorized_chains: 0": (lambda: SGLD(model, vectorized_chains=0), ValueError,
                                           "vectorized_chains must be an integer >= 1, got 0"),
+    "SGMCMCKernel.compile: 'yes'": (lambda: SGLD(model, 1e-2, compile="yes"), ValueError,
+                                    r"compile must be one of \(False, True, 'auto'\)"),
     "SGHMC.friction: 0": (lambda: SGHMC(model, friction=0), ValueError,
                           r"friction must be a finite number in \(0, inf\)"),
     "SGHMC.mass: 0": (lambda: SGHMC(model, mass=0), ValueError,
