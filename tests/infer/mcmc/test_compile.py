@@ -295,3 +295,11 @@ def test_diagnostics_say_what_was_chosen_without_compiling():
     assert kernel.diagnostics()["compile"] == {
         "requested": False, "used": False, "reason": "compile=False", "compile_seconds": None,
         "cached": None, "eager_ms": None, "compiled_ms": None}
+
+
+def test_a_compiled_run_resumes_bitwise():
+    from harness import assert_resume_continues
+
+    make = every_kernel(2e-4)["SGHMC"]
+    assert_resume_continues(lambda: make(regression(), compile=True, subsample_size=16),
+                            *data("regression"))
