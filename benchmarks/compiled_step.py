@@ -89,13 +89,19 @@ class HandCompiledSGLD(so.HandSGLD):
             torch._foreach_add_(leaves, self.noise, alpha=(2 * so.STEP_SIZE) ** 0.5)
 
 
+#: ``--vectorized-chains``: the kernel runs this many chains (``None``: one); its times are per
+#: chain-step.
+CHAINS: int | None = None
+
+
 def mcmc_run(model: object, data: tuple, draws: int, thin: int, compile: bool | str
              ) -> tuple[float, MCMC, SGLD]:
-    kernel = SGLD(model, step_size=so.STEP_SIZE, num_steps_per_sample=thin, compile=compile)
+    kernel = SGLD(model, step_size=so.STEP_SIZE, num_steps_per_sample=thin, compile=compile,
+                  vectorized_chains=CHAINS)
     mcmc = MCMC(kernel, num_samples=draws, warmup_steps=0, disable_progbar=True)
     start = time.perf_counter()
     mcmc.run(*data)
-    return time.perf_counter() - start, mcmc, kernel
+    return (time.perf_counter() - start) / (CHAINS or 1), mcmc, kernel
 
 
 def measure(network: str, args: argparse.Namespace) -> dict:
@@ -203,10 +209,16 @@ def main() -> None:
     parser.add_argument("--steps-per-draw", type=int, default=20)
     parser.add_argument("--networks", nargs="*", default=list(so.NETWORKS))
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--vectorized-chains", type=int, default=None,
+                        help="run the kernels with vectorized_chains=K; their times are per "
+                             "chain-step (the floors stay one chain)")
+    parser.add_argument("--out", default=None, help="results basename (default: compiled_step)")
     parser.add_argument("--warm-cache", action="store_true",
                         help="keep torch's on-disk compile cache (default: a fresh one, so the "
                              "compile time reported is a cold compile's)")
     args = parser.parse_args()
+    global CHAINS
+    CHAINS = args.vectorized_chains
     if not args.warm_cache:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="compiled_step_")
     if args.quick:
@@ -214,14 +226,16 @@ def main() -> None:
     torch.set_num_threads(1)
     results = [measure(n, args) for n in args.networks]
     text = table(results)
+    chains = f"; the kernels run {CHAINS} vectorised chains, times per chain-step" if CHAINS \
+        else ""
     head = (f"# The compiled step\n\n{platform.processor() or platform.machine()}, one torch "
             f"thread, torch {torch.__version__}, {datetime.now(UTC):%Y-%m-%d}; "
             f"{args.rounds} rounds of {args.steps} SG steps at {args.steps_per_draw} per "
-            f"draw; median (range) of the per-round ratios.\n\n"
-            f"Command: `python benchmarks/compiled_step.py{' --quick' if args.quick else ''}`"
+            f"draw; median (range) of the per-round ratios{chains}.\n\n"
+            f"Command: `python {' '.join(sys.argv)}`"
             f"\n\n")
     print(text)
-    name = "compiled_step_quick" if args.quick else "compiled_step"
+    name = args.out or ("compiled_step_quick" if args.quick else "compiled_step")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.md").write_text(head + text + "\n")
     (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=1) + "\n")
