@@ -110,16 +110,20 @@ def test_a_warmup_adapted_run_on_the_gpu():
     assert diagnostics["step_size_adaptation"] and "gradient_noise" in diagnostics
 
 
-@pytest.mark.xfail(strict=True, reason="the SG step synchronises once with the host to learn "
-                   "whether every chain is finite (issue 34, item 3)")
-def test_the_sg_step_does_not_synchronise_with_the_host():
-    mcmc = run("SGLD", "cuda", subsample_size=32, num_samples=1)
+@pytest.mark.parametrize("chains", [None, 8])
+@pytest.mark.parametrize("name", ["SGLD", "SGHMC", "CyclicalSGLD", "EntropyMCMC", "L2E"])
+def test_the_sg_step_does_not_synchronise_with_the_host(name, chains):
+    """On the GPU the SG step checks finiteness once per draw (``defer_finiteness_checks``): no
+    step between draws waits for the host (``tests/infer/mcmc/test_deferred_checks.py`` checks
+    the same operations on the CPU, and the draws against the synchronous step's)."""
+    mcmc = run(name, "cuda", subsample_size=32, num_samples=1, vectorized_chains=chains)
     kernel = mcmc.kernel
-    batch = kernel.minibatches.next()
+    kernel.sample(kernel._last_draw)  # a pending draw, whose statistics the next step keeps
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        kernel.stepper.step(1e-3, batch)
+        for _ in range(3):
+            kernel._sg_step()
     finally:
         torch.cuda.set_sync_debug_mode("default")
 

@@ -19,7 +19,7 @@ import torch
 
 from pyro_flat import validation
 
-__all__ = ["ASAM_OFFSET", "ascent_perturbation", "asam_metric"]
+__all__ = ["ASAM_OFFSET", "ascent_direction", "ascent_perturbation", "asam_metric"]
 
 #: ASAM's default offset :math:`\eta` in :math:`D = (|\theta| + \eta)^2` (Kwon et al. 2021), so
 #: that parameters at zero can still be perturbed.
@@ -157,15 +157,7 @@ def ascent_perturbation(
     if rho == 0.0 or not present:
         return None
     with torch.no_grad():
-        if metric is None:
-            dg = {i: grads[i] for i in present}  # D g = g
-            parts = [torch.linalg.vector_norm(grads[i]) for i in present]
-            norm_t = parts[0] if len(parts) == 1 else torch.linalg.vector_norm(_stack(parts))
-        else:
-            dg = {i: _times(grads[i], metric[i], None if out is None else out[i])
-                  for i in present}
-            parts = [torch.dot(grads[i].reshape(-1), dg[i].reshape(-1)) for i in present]
-            norm_t = (parts[0] if len(parts) == 1 else _stack(parts).sum()).sqrt()
+        dg, norm_t = ascent_direction(grads, metric, out, present)
         norm = float(norm_t)
         if not (norm > 0.0 and math.isfinite(norm)):
             return None
@@ -180,6 +172,25 @@ def ascent_perturbation(
                     target.copy_(dg[i])
                 e[i] = target.mul_(scale)
     return e
+
+
+def ascent_direction(
+    grads: Sequence[torch.Tensor | None],
+    metric: Sequence[torch.Tensor | None] | None,
+    out: Sequence[torch.Tensor | None] | None,
+    present: Sequence[int],
+) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+    r""":math:`D g` (into ``out`` where given, for the tensors ``present``) and the norm
+    :math:`\sqrt{g^\top D g}` as a tensor on the gradient's device, with the arithmetic of
+    :func:`ascent_perturbation` (which divides ``rho`` by it on the host); a caller that must
+    not wait for the host divides on the device instead."""
+    if metric is None:
+        dg = {i: grads[i] for i in present}  # D g = g
+        parts = [torch.linalg.vector_norm(grads[i]) for i in present]
+        return dg, parts[0] if len(parts) == 1 else torch.linalg.vector_norm(_stack(parts))
+    dg = {i: _times(grads[i], metric[i], None if out is None else out[i]) for i in present}
+    parts = [torch.dot(grads[i].reshape(-1), dg[i].reshape(-1)) for i in present]
+    return dg, (parts[0] if len(parts) == 1 else _stack(parts).sum()).sqrt()
 
 
 def _stack(parts: list[torch.Tensor]) -> torch.Tensor:

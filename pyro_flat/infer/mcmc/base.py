@@ -182,6 +182,11 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
     #: This rank's shard of the data of a data-parallel chain (set by
     #: :func:`pyro_flat.distributed.data_parallel`; ``None``: all the data is here).
     data_shard: Any = None
+    #: Whether the SG steps of a draw learn that a chain is non-finite only at the draw's end,
+    #: so that a step never waits for the host (:mod:`~pyro_flat.infer.mcmc.stepper`);
+    #: ``None``: for chains on an accelerator, not on the CPU (where waiting costs nothing).
+    #: Warmup steps that adapt always check at once.
+    defer_finiteness_checks: bool | None = None
 
     def __init__(
         self,
@@ -404,6 +409,8 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
             self.state = KernelState.create(z, self.state_fields())
         #: The chains: one row each, a single chain being one (:class:`~.chain.Chains`).
         self.chains = Chains(self.state, vectorized=k is not None)
+        if self.checkpoints.last_finite is not None:
+            self.chains.last_finite.copy_(self.checkpoints.last_finite)
         z = self.chains.position
         self.warmup.plan(warmup_steps, z)
         self._user_initial_params = None
@@ -420,7 +427,11 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         names = tuple(dict.fromkeys(self.stat_names + self.estimator.stat_names))
         self.recorder = DrawRecorder(names, self.stat_dtypes)
         #: Which chains' steps were non-finite, and when one must stop (:mod:`.divergence`).
-        self.divergence = DivergencePolicy(k or 1, self.max_nonfinite_steps)
+        self.divergence = DivergencePolicy(k or 1, self.max_nonfinite_steps, z.device)
+        defer = self.defer_finiteness_checks
+        self._defers_checks = z.device.type != "cpu" if defer is None else bool(defer)
+        #: The statistics of the pending draw, closed at the end of the draw's SG steps.
+        self._closing: StepResult | None = None
         nan = torch.full((k or 1,), math.nan)
         #: What the last SG step saw (:class:`~.stepper.StepResult`).
         self._last = StepResult(nan, nan, None, math.nan)
@@ -472,10 +483,15 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         self.divergence.start_draw()
         self.warmup.at_draw_start()
         thinning = self.warmup.step_recorder()
-        for _ in range(self.steps_for_next_draw()):
-            self._sg_step()
-            if thinning is not None:
-                thinning.record(self.position, self.outward(self._last.energy))
+        try:
+            for _ in range(self.steps_for_next_draw()):
+                self._sg_step()
+                if thinning is not None:
+                    thinning.record(self.position, self.outward(self._last.energy))
+        finally:
+            self._close_pending_draw()
+        if self._defers_checks:
+            self.stepper.raise_if_stopped()
         if self._draw >= self._warmup_steps:
             self._record_draw()
         self._draw += 1
@@ -560,10 +576,15 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
             stats = self.recorder.tensors(["diverging", "grad_norm"])
             if "diverging" not in stats or not len(stats["diverging"]):
                 return
-            num_diverging = int(stats["diverging"].sum())
+            diverging = stats["diverging"]
+            num_diverging = int(diverging.sum())
             if num_diverging:
+                of = f"{num_diverging} of {len(diverging)} draws"
+                if diverging.dim() > 1:  # (draws, K): a draw diverges where any chain did
+                    of = (f"{int(diverging.flatten(1).any(-1).sum())} of {len(diverging)} draws "
+                          f"({num_diverging} of {diverging.numel()} chain-draws)")
                 warnings.warn(
-                    f"{type(self).__name__}: {num_diverging} of {len(stats['diverging'])} draws "
+                    f"{type(self).__name__}: {of} "
                     "are marked diverging (a non-finite potential or gradient on the way to the "
                     "draw; that step was skipped). See sample_stats['diverging'] and try a smaller "
                     "step_size",
@@ -648,9 +669,11 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         eps = self.current_step_size()
         batch = self._next_batch()
         warmup = self.warmup
+        adapting = warmup.collects_moments or warmup.watches_steps
         self._last = self.stepper.step(
-            eps, batch, self._close_draw if self.recorder.pending else None,
-            warmup.accumulate if warmup.collects_moments else None)
+            eps, batch, self._keep_draw_closing if self._draw_unclosed() else None,
+            warmup.accumulate if warmup.collects_moments else None,
+            deferred=self._defers_checks and not adapting)
         if warmup.watches_steps:
             warmup.after_step(self._last)
 
@@ -659,11 +682,32 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         last = self._last
         known = {"step_size": [last.step_size] * k,
                  "diverging": self.divergence.diverged_in_draw()}
-        known.update(last.stats)
+        known.update({name: rows.tolist() if torch.is_tensor(rows) else rows
+                      for name, rows in last.stats.items()})
         known.update(self.draw_statistics())
         defaults = {name: [value] * k for name, value in self.stat_defaults.items()}
         self.recorder.open_draw({name: self.outward(rows) for name, rows in known.items()},
                                 {name: self.outward(rows) for name, rows in defaults.items()})
+
+    def _keep_draw_closing(self, at: StepResult) -> None:
+        """The potential at the pending draw, kept on the device until the draw's SG steps
+        end (:meth:`_close_pending_draw`); a kernel whose statistics at a draw read its state
+        before the update closes it at once."""
+        if type(self).statistics_at_draw is not UpdateRule.statistics_at_draw:
+            self._close_draw(at)
+            return
+        finite = None if at.finite is None else at.finite.clone()
+        self._closing = StepResult(at.energy.clone(), at.grad_norm.clone(), finite,
+                                   at.step_size)
+
+    def _draw_unclosed(self) -> bool:
+        """Whether the recorder's pending draw still waits for the potential at it."""
+        return self.recorder.pending and self._closing is None
+
+    def _close_pending_draw(self) -> None:
+        closing, self._closing = self._closing, None
+        if closing is not None:
+            self._close_draw(closing)
 
     def _close_draw(self, at: StepResult) -> None:
         """Complete the pending draw with the potential and gradient norm at it (one per

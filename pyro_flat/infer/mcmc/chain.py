@@ -64,25 +64,33 @@ class Chains:
 
     def keep_finite_rows(self, good: torch.Tensor) -> None:
         """The chains ``good`` stepped finitely: remember their positions."""
-        self.last_finite[good] = self.position[good]
+        self.last_finite.copy_(_select(good, self.position, self.last_finite))
 
     def rows_of(self, bad: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Copies of the persistent per-chain fields' rows ``bad``, to put back after an update
-        that the other chains took (:meth:`put_rows`)."""
+        """Copies of the persistent per-chain fields, whose rows ``bad`` are put back after an
+        update that the other chains took (:meth:`put_rows`)."""
         state, k = self.state, self.num_chains
-        return {f.name: getattr(state, f.name)[bad].clone() for f in state.fields
+        return {f.name: getattr(state, f.name).clone() for f in state.fields
                 if f.persistent and has_chain_rows(getattr(state, f.name), k)}
 
     def put_rows(self, rows: dict[str, torch.Tensor], bad: torch.Tensor) -> None:
-        """Restore what :meth:`rows_of` copied."""
+        """Restore the rows ``bad`` of what :meth:`rows_of` copied."""
         for name, value in rows.items():
-            getattr(self.state, name)[bad] = value
+            field = getattr(self.state, name)
+            field.copy_(_select(bad, value, field))
 
     def fall_back(self, bad: torch.Tensor) -> None:
         """The chains ``bad`` return to their last finite position; their fields marked
         ``reset`` (a momentum the non-finite gradient spoiled) restart at zero."""
-        self.position[bad] = self.last_finite[bad]
+        self.position.copy_(_select(bad, self.last_finite, self.position))
         for f in self.state.fields:
             if f.reset:
-                getattr(self.state, f.name)[bad] = 0
+                field = getattr(self.state, f.name)
+                field.copy_(_select(bad, torch.zeros_like(field), field))
+
+
+def _select(rows: torch.Tensor, chosen: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """``chosen``'s rows where ``rows`` (one flag per chain), ``other``'s elsewhere: a select on
+    the device, where indexing by a mask would wait for the host to count its rows."""
+    return torch.where(rows.reshape(-1, *[1] * (other.dim() - 1)), chosen, other)
 

@@ -72,6 +72,9 @@ class Checkpoints:
         self.resumed_from: tuple[int, str] | None = None
         #: ``(SG steps, Pyro's random state, the chains' streams)`` when the last run ended.
         self.run_end: tuple[int, dict[str, Any], Any] | None = None
+        #: Each chain's last finite position in the checkpoint this run continues (``None``:
+        #: none, or a checkpoint written before it was saved: the position is used).
+        self.last_finite: torch.Tensor | None = None
 
     @property
     def run_ended(self) -> bool:
@@ -95,6 +98,9 @@ class Checkpoints:
             "kernel": type(kernel).__name__,
             "sites": [(s.name, tuple(s.shape)) for s in kernel.layout.sites],
             "z": kernel.position.detach().clone(),
+            # where a chain whose next step is not finite falls back to: the position its last
+            # finite step started from, not the position it ended at
+            "last_finite": kernel.chains.last_finite.detach().clone(),
             "num_sg_steps": kernel.num_steps,
             "kernel_state": kernel.state.checkpoint(),
             "minibatch": None if kernel.minibatches is None else kernel.minibatches.state_dict(),
@@ -118,7 +124,7 @@ class Checkpoints:
         """At the start of a run: restore the loaded checkpoint, if any, into the kernel and
         return its position, one row per chain (``None`` without one)."""
         saved, self.pending = self.pending, None
-        self.resumed_from = self.run_end = None
+        self.resumed_from = self.run_end = self.last_finite = None
         if saved is None:
             return None
         z = self._restore(saved)
@@ -146,6 +152,9 @@ class Checkpoints:
         rows = z if k is not None else z.unsqueeze(0)  # one row per chain, a single chain one
         kernel.state = KernelState.create(rows, kernel.state_fields(), int(state["num_sg_steps"]))
         kernel.state.load(state["kernel_state"])
+        last_finite = state.get("last_finite")
+        if last_finite is not None:
+            self.last_finite = last_finite.to(rows.device, rows.dtype).reshape(rows.shape)
         if kernel.minibatches is not None and state["minibatch"] is not None:
             kernel.minibatches.load_state_dict(state["minibatch"])
         pyro.util.set_rng_state(native_rng_state(state["rng"]))

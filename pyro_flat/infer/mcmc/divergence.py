@@ -1,7 +1,14 @@
 """The divergence policy: which chains' SG steps were non-finite, and when a chain must stop
 (:class:`DivergencePolicy`); its reports: the error that stops a chain whose potential or
 gradient keeps being non-finite, naming the chain, the step and the site, and the warning about
-a chain that blew up while staying finite."""
+a chain that blew up while staying finite.
+
+The policy keeps its record in one of two ways. :meth:`~DivergencePolicy.record` learns at
+every step whether a chain must stop (one host synchronisation per step, free on the CPU).
+:meth:`~DivergencePolicy.record_on_device` keeps the same counts on the chains' device, with
+the step, chain, position and gradient of the first stop, and :meth:`~DivergencePolicy.stopped`
+reads them once per draw: the SG step of chains on an accelerator never waits for the host.
+"""
 
 from __future__ import annotations
 
@@ -29,21 +36,33 @@ class DivergencePolicy:
         Chains stepped together (1 for a single chain).
     max_nonfinite_steps : int
         Non-finite steps within twice as many steps that stop a chain.
+    device : torch.device or str, optional
+        The chains' device, where the record is kept.
     """
 
-    def __init__(self, num_chains: int, max_nonfinite_steps: int):
+    def __init__(self, num_chains: int, max_nonfinite_steps: int,
+                 device: torch.device | str | None = None):
         self.max_nonfinite_steps = max_nonfinite_steps
         #: The last ``2 * max_nonfinite_steps`` steps' non-finite chains (``None``: none).
         self.recent: deque[torch.Tensor | None] = deque(maxlen=2 * max_nonfinite_steps)
         #: Per chain: its non-finite steps among :attr:`recent`, and in a row until now.
-        self.num_recent = torch.zeros(num_chains, dtype=torch.long)
-        self.in_a_row = torch.zeros(num_chains, dtype=torch.long)
+        self.num_recent = torch.zeros(num_chains, dtype=torch.long, device=device)
+        self.in_a_row = torch.zeros(num_chains, dtype=torch.long, device=device)
         self._any_in_a_row = False
         #: Per chain: whether it skipped a step on the way to the current draw.
-        self.diverged = torch.zeros(num_chains, dtype=torch.bool)
+        self.diverged = torch.zeros(num_chains, dtype=torch.bool, device=device)
         self._draw_diverged = False
-        #: Non-finite chain-steps of the run.
-        self.num_diverging = 0
+        self._num_diverging = 0
+        #: The first stop that :meth:`record_on_device` saw, on the device (``None``: none yet
+        #: recorded that way): whether there was one, and its chain, step and figures.
+        self._stop: dict[str, torch.Tensor] | None = None
+        self._num_diverging_on_device: torch.Tensor | None = None
+
+    @property
+    def num_diverging(self) -> int:
+        """Non-finite chain-steps of the run."""
+        on_device = self._num_diverging_on_device
+        return self._num_diverging + (0 if on_device is None else int(on_device))
 
     def start_draw(self) -> None:
         """A new draw: no chain has diverged on the way to it yet."""
@@ -73,10 +92,67 @@ class DivergencePolicy:
         self.num_recent += bad.long()
         self.diverged |= bad
         self._draw_diverged = True
-        self.num_diverging += int(bad.sum())
+        self._num_diverging += int(bad.sum())
         self.in_a_row = torch.where(bad, self.in_a_row + 1, 0)
         stopped = torch.nonzero(self.num_recent >= self.max_nonfinite_steps)
         return int(stopped[0]) if len(stopped) else None
+
+    def record_on_device(self, bad: torch.Tensor, position: torch.Tensor, grad: torch.Tensor,
+                         energy: torch.Tensor, step: int) -> None:
+        """:meth:`record` without a host synchronisation: ``bad`` marks the chains whose step
+        ``step`` was not finite (a tensor for every step), ``position``, ``grad`` and
+        ``energy`` are the chains' rows at it. The first chain that must stop, and what its
+        message needs, are kept on the device until :meth:`stopped` reads them."""
+        recent = self.recent
+        if len(recent) == recent.maxlen and recent[0] is not None:
+            self.num_recent -= recent[0].long()
+        recent.append(bad)
+        self._any_in_a_row = True
+        self.num_recent += bad.long()
+        self.diverged |= bad
+        self._draw_diverged = True
+        if self._num_diverging_on_device is None:
+            self._num_diverging_on_device = torch.zeros((), dtype=torch.long, device=bad.device)
+            self._stop = self._no_stop(position, grad, energy)
+        self._num_diverging_on_device += bad.sum()
+        self.in_a_row = torch.where(bad, self.in_a_row + 1, 0)
+        must_stop = self.num_recent >= self.max_nonfinite_steps
+        stop = self._stop
+        first = must_stop.any() & ~stop["any"]
+        chain = torch.argmax(must_stop.to(torch.uint8)).reshape(1)  # the first that must stop
+        now = {"chain": chain[0], "step": step, "window": len(recent),
+               "position": position.index_select(0, chain)[0],
+               "grad": grad.index_select(0, chain)[0],
+               "energy": energy.index_select(0, chain)[0],
+               "recent": self.num_recent.index_select(0, chain)[0],
+               "in_a_row": self.in_a_row.index_select(0, chain)[0]}
+        for name, value in now.items():
+            stop[name] = torch.where(first, value, stop[name])
+        stop["any"] = stop["any"] | first
+
+    @staticmethod
+    def _no_stop(position: torch.Tensor, grad: torch.Tensor, energy: torch.Tensor
+                 ) -> dict[str, torch.Tensor]:
+        def zero(like: torch.Tensor, dtype: torch.dtype = torch.long) -> torch.Tensor:
+            return torch.zeros((), dtype=dtype, device=like.device)
+
+        return {"any": zero(position, torch.bool), "chain": zero(position),
+                "step": zero(position), "window": zero(position),
+                "position": torch.zeros_like(position[0]), "grad": torch.zeros_like(grad[0]),
+                "energy": torch.zeros_like(energy[0]), "recent": zero(position),
+                "in_a_row": zero(position)}
+
+    def stopped(self, layout: FlatLayout, num_chains: int | None) -> str | None:
+        """The message of the first chain that :meth:`record_on_device` found must stop
+        (``num_chains``: ``None`` for a single chain), or ``None``: one host synchronisation."""
+        stop = self._stop
+        if stop is None or not bool(stop["any"]):
+            return None
+        chain = int(stop["chain"])
+        return divergence_message(layout, stop["position"], stop["grad"], float(stop["energy"]),
+                                  int(stop["step"]), int(stop["recent"]), int(stop["window"]),
+                                  int(stop["in_a_row"]), None if num_chains is None else chain,
+                                  num_chains)
 
     def message(self, layout: FlatLayout, position: torch.Tensor, grad: torch.Tensor, u: float,
                 step: int, chain: int, num_chains: int | None) -> str:

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from pyro_flat.models.batchnorm import kept_running_stats
-from pyro_flat.optim.ascent import ASAM_OFFSET, asam_metric, ascent_perturbation
+from pyro_flat.optim.ascent import ASAM_OFFSET, asam_metric, ascent_direction
 
 #: ``evaluate(batch) -> (U, grad U)`` at the current contents of the position, the gradient in
 #: a flat buffer that the next evaluation overwrites.
@@ -49,13 +49,14 @@ class Estimate:
         when it is not finite, so that a step is finite exactly when ``energy`` and the norm
         of ``grad`` are.
     stats : dict
-        The estimator's own per-step statistics (e.g. ``sharpness``).
+        The estimator's own per-step statistics, one value per chain (e.g. ``sharpness``),
+        as tensors on the chains' device.
     """
 
     energy: torch.Tensor
     grad: torch.Tensor
     step_grad: torch.Tensor
-    stats: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class MinibatchGradient:
@@ -77,8 +78,8 @@ class SharpnessAwareGradient:
 
     with :math:`D = I` (the Euclidean ball, SAM's) or :math:`D = (|\theta| + \eta)^2` with
     ``geometry=True`` (ASAM's ellipsoid, :math:`\eta` = :data:`pyro_flat.optim.ascent.ASAM_OFFSET`);
-    see :func:`pyro_flat.optim.ascent.ascent_perturbation`. A
-    zero gradient gives :math:`e = 0` (no second pass), ``rho = 0`` never runs one. The running
+    see :func:`pyro_flat.optim.ascent.ascent_perturbation`. A zero gradient gives
+    :math:`e = 0` (its second pass is at :math:`\theta`); ``rho = 0`` runs none. The running
     statistics of ``batchnorm_modules`` are kept through the second pass, so they move once per
     step, as under the plain gradient. The per-step statistic ``sharpness`` is
     :math:`\hat U(\theta + e) - \hat U(\theta)`. Two passes per step.
@@ -116,40 +117,35 @@ class SharpnessAwareGradient:
                  batch: torch.Tensor | None) -> Estimate:
         """The estimate at ``position``, ``(K, d)`` (a single chain is one row): each row's
         ascent step as a single chain's, with one second pass for all rows (at
-        :math:`\theta` for rows that take none)."""
+        :math:`\theta` for rows that take none). Nothing is read back to the host: the rows
+        that take no ascent step are chosen on the device, and ``sharpness`` is a tensor."""
         u, g = evaluate(batch)
         k = position.shape[0]
         if self.rho == 0.0:
-            return Estimate(u, g, g, {"sharpness": [0.0] * k})
+            return Estimate(u, g, g, {"sharpness": torch.zeros_like(u)})
         grad_at_theta, e, theta = self._work_buffers(position)
         grad_at_theta.copy_(g)
-        # one synchronisation when every row is finite, the usual case
-        finite = [True] * k if math.isfinite(float(u.sum())) else torch.isfinite(u).tolist()
-        perturbed = []
+        took = torch.empty(k, dtype=torch.bool, device=u.device)
+        finite = torch.isfinite(u)
         for c in range(k):
             e_c, grad_c = e[c], grad_at_theta[c]
             metric = (asam_metric([position[c]], ASAM_OFFSET, out=[e_c]) if self.geometry
                       else None)
-            perturbed.append(finite[c] and ascent_perturbation(
-                [grad_c], self.rho, metric=metric, out=[e_c]) is not None)
-            if not perturbed[c]:  # non-finite (the kernel falls back) or a zero gradient
-                e_c.zero_()
-        sharpness = [0.0 if ok else math.nan for ok in finite]
-        if not any(perturbed):
-            return Estimate(u, g, g, {"sharpness": sharpness})
+            dg, norm = ascent_direction([grad_c], metric, [e_c], [0])
+            if dg[0] is not e_c:
+                e_c.copy_(dg[0])
+            # rho / n in float64, rounded once, as ascent_perturbation's Python float
+            scale = (self.rho / norm.double()).to(e_c.dtype)
+            took[c] = finite[c] & (norm > 0) & torch.isfinite(norm)
+            # a zero or non-finite gradient, or a non-finite potential: no ascent step
+            e_c.mul_(scale).masked_fill_(~took[c], 0.0)
         u_e, g_e = self._perturbed_pass(position, e, theta, evaluate, batch)
-        if all(perturbed) and math.isfinite(float(u_e.sum() + g_e.sum())):
-            sharpness = (u_e - u).tolist()
-            return Estimate(u, grad_at_theta, g_e, {"sharpness": sharpness})
-        took = torch.tensor(perturbed)
         # a row whose second pass is not finite reports it: its sites are the culprits
         second_finite = (torch.isfinite(u_e) & torch.isfinite(g_e).all(-1)) | ~took
         energy = torch.where(second_finite, u, u_e)
         grad = torch.where(second_finite.unsqueeze(-1), grad_at_theta, g_e)
         step_grad = torch.where(took.unsqueeze(-1), g_e, grad_at_theta)
-        for c in range(k):
-            if perturbed[c]:
-                sharpness[c] = float(u_e[c] - u[c])
+        sharpness = torch.where(took, u_e - u, torch.where(finite, 0.0, math.nan))
         return Estimate(energy, grad, step_grad, {"sharpness": sharpness})
 
     def _perturbed_pass(self, position: torch.Tensor, e: torch.Tensor, theta: torch.Tensor,

@@ -10,14 +10,24 @@ kept as they were, it draws no noise, it falls back to its last finite position
 fresh minibatch and fresh noise. The divergence policy
 (:class:`~pyro_flat.infer.mcmc.divergence.DivergencePolicy`) stops a chain that does so too
 often, naming its site and step.
+
+A step either learns at once whether every chain is finite (one host synchronisation, free on
+the CPU) or, with ``deferred=True`` (chains on an accelerator), never waits for the host: the
+update runs for every chain, the rows of the non-finite ones are put back with a select on the
+device, Pyro's argument validation is off (its checks read values on the host), and whether a
+chain must stop is read once per draw (:meth:`SGStepper.raise_if_stopped`). Both give the same
+draws, to the bit, except that a single chain's non-finite step draws (and discards) its noise
+on the deferred path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import pyro
 import torch
 
 from pyro_flat.infer.mcmc.chain import Chains
@@ -77,17 +87,22 @@ class SGStepper:
 
     def step(self, step_size: float, batch: torch.Tensor | None,
              evaluated: Callable[[StepResult], None] | None = None,
-             moments: Callable[[torch.Tensor, torch.Tensor | None], None] | None = None
-             ) -> StepResult:
+             moments: Callable[[torch.Tensor, torch.Tensor | None], None] | None = None,
+             deferred: bool = False) -> StepResult:
         """One SG step of every chain with ``step_size`` on ``batch``.
 
         ``evaluated(result)`` is called once the potential is known and before the update (the
         statistics of the draw the step starts from); ``moments(grad, rows)`` with the
-        gradients of the chains ``rows`` that take the step (``None``: all).
+        gradients of the chains ``rows`` that take the step (``None``: all). ``deferred``:
+        the step without a host synchronisation (see the module).
         """
         chains, state = self.chains, self.chains.state
-        estimate = self.estimator(chains.position, self.evaluate, batch)
+        checks = pyro.validation_enabled(False) if deferred else contextlib.nullcontext()
+        with checks:
+            estimate = self.estimator(chains.position, self.evaluate, batch)
         gnorm = torch.linalg.vector_norm(estimate.grad, dim=-1)
+        if deferred:
+            return self._step_deferred(estimate, gnorm, step_size, evaluated, moments)
         # one synchronisation: a finite sum means every chain is finite (an overflowing sum of
         # finite values goes the slow way, which finds them finite)
         all_finite = math.isfinite(float((estimate.energy + gnorm).sum()))
@@ -116,6 +131,42 @@ class SGStepper:
             chains.fall_back(bad)
         state.num_steps += 1
         return result
+
+    def _step_deferred(self, estimate: Estimate, gnorm: torch.Tensor, step_size: float,
+                       evaluated: Callable[[StepResult], None] | None,
+                       moments: Callable[[torch.Tensor, torch.Tensor | None], None] | None
+                       ) -> StepResult:
+        """The step of every chain, the non-finite ones' rows put back on the device."""
+        chains, state = self.chains, self.chains.state
+        finite = torch.isfinite(estimate.energy) & torch.isfinite(gnorm)
+        result = StepResult(estimate.energy, gnorm, finite, step_size, estimate.stats)
+        if evaluated is not None:
+            evaluated(result)
+        bad = ~finite
+        self.divergence.record_on_device(bad, chains.position, estimate.grad, estimate.energy,
+                                         state.num_steps)
+        chains.keep_finite_rows(finite)
+        if moments is not None:
+            moments(estimate.grad, finite)
+        kept = chains.rows_of(bad)
+        self.active_chains = finite
+        try:
+            self.update(state, estimate, step_size)
+        finally:
+            self.active_chains = None
+        chains.put_rows(kept, bad)
+        chains.fall_back(bad)
+        state.num_steps += 1
+        return result
+
+    def raise_if_stopped(self) -> None:
+        """After the deferred steps of a draw: the error of the first chain that had to stop
+        on the way (one host synchronisation)."""
+        chains = self.chains
+        message = self.divergence.stopped(self.layout,
+                                          chains.num_chains if chains.vectorized else None)
+        if message is not None:
+            raise RuntimeError(message)
 
     def _step_finite_chains(self, estimate: Estimate, step_size: float, finite: torch.Tensor,
                             moments: Callable[[torch.Tensor, torch.Tensor | None], None] | None

@@ -193,6 +193,31 @@ def test_chain_that_stays_nonfinite_stops_with_an_error():
         harness.run(kernel, 100, 0)
 
 
+def bounded_potential(params):
+    """0.5 |x|^2 for ``max |x| < 3``, infinite beyond (one row per chain or a single chain)."""
+    x = params["x"]
+    u = 0.5 * x.square().sum(-1)
+    return torch.where(x.abs().amax(-1) < 3, u, torch.full_like(u, math.inf))
+
+
+@pytest.mark.parametrize("defer", [False, True])
+@pytest.mark.parametrize("kernel_class", [SGLD, SGHMC])
+def test_a_resumed_chain_falls_back_where_the_whole_run_did(kernel_class, defer):
+    """A checkpoint holds each chain's last finite position, the start of its last finite step:
+    a chain whose first step after the resume is not finite falls back there, not to the
+    position it ended at. 16 hot chains leave the box at about half of the draws."""
+    def make():
+        kernel = kernel_class(potential_fn=bounded_potential,
+                              initial_params={"x": torch.zeros(16, 2)}, step_size=0.5,
+                              temperature=3.0, num_steps_per_sample=5, vectorized_chains=16)
+        kernel.defer_finiteness_checks = defer
+        return kernel
+
+    with pytest.warns(RuntimeWarning, match=r"of 20 draws \(\d+ of 320 chain-draws\) are "
+                                            "marked diverging"):
+        harness.assert_resume_continues(make)
+
+
 @pytest.mark.parametrize("chains", [None, 2])
 def test_a_run_stopped_in_warmup_keeps_readable_diagnostics(chains):
     """A chain that stops in warmup has recorded no draw: ``diagnostics()`` says so."""

@@ -116,6 +116,37 @@ def test_a_chain_that_keeps_failing_stops_with_its_site_and_step(vectorized):
         stepper.step(0.5, None)
 
 
+def test_a_deferred_step_keeps_and_restores_the_rows_as_the_synchronous_one():
+    """The step that never waits for the host (``deferred=True``) updates every chain and puts
+    the non-finite one's rows back with a select: the same state as skipping it."""
+    seen_by_path = []
+    for deferred in (False, True):
+        stepper, chains, _ = make(3, {1})
+        for _ in range(2):
+            stepper.step(0.5, None, deferred=deferred)
+        state = chains.state
+        seen_by_path.append([chains.position.clone(), state.momentum.clone(),
+                             state.count.clone(), chains.last_finite.clone(),
+                             stepper.divergence.diverged.clone(),
+                             stepper.divergence.num_recent.clone(),
+                             stepper.divergence.num_diverging])
+    for now, deferred in zip(*seen_by_path, strict=True):
+        assert (torch.equal(now, deferred) if torch.is_tensor(now) else now == deferred)
+
+
+@pytest.mark.parametrize("vectorized", [True, False])
+def test_a_deferred_stop_is_raised_once_the_draw_s_steps_end(vectorized):
+    num_chains = 2 if vectorized else 1
+    stepper, _, _ = make(num_chains, {num_chains - 1}, vectorized, max_nonfinite_steps=3)
+    for _ in range(5):  # the chain must stop at step 2; the steps go on until the draw ends
+        stepper.step(0.5, None, deferred=True)
+    which = "chain 1 of 2" if vectorized else "the chain"
+    expected = (rf"{which} diverged.*3 of the last 3 SG steps \(3 in a row\).*last at step 2"
+                r".*sites \['b'\]")
+    with pytest.raises(RuntimeError, match=expected):
+        stepper.raise_if_stopped()
+
+
 def test_chains_need_one_row_per_chain():
     with pytest.raises(ValueError, match=r"one row per chain, \(K, d\); got shape \(3,\)"):
         Chains(KernelState.create(torch.zeros(3), ()), vectorized=False)
