@@ -20,8 +20,9 @@ the time of one SG step of
   (CUDA only);
 * ``SGLD``, ``SGLD thin 1`` and ``L2E`` through ``pyro.infer.MCMC`` (10 SG steps per draw; thin
   1: one per draw), and ``SGLD synchronous step``, SGLD with ``defer_finiteness_checks=False``
-  (one host synchronisation per step, as on the CPU, where the GPU's default has none), timed from the first to the last draw by ``hook_fn`` with the device
-  synchronised, so setup and compilation are left out;
+  (one host synchronisation per step, as on the CPU, where the GPU's default has none), timed
+  from the first to the last draw by ``hook_fn`` with the device synchronised, so setup and
+  compilation are left out;
 * vectorised SGLD chains, ``vectorized_chains=K`` for ``--chains`` (the MLP only): the time of
   one chain-step, the step of ``K`` chains divided by ``K``.
 

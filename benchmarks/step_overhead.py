@@ -179,6 +179,21 @@ class HandSGLD:
             torch._foreach_add_(self.leaves, self.noise, alpha=math.sqrt(2 * STEP_SIZE))
 
 
+def storing_draws(hand: HandSGLD, steps: int) -> Callable[[], None]:
+    """``steps`` hand-written steps that also copy the parameters into a buffer of draws every
+    ``STEPS_PER_DRAW`` steps, allocated for the run as a driver's is (its first touch counted):
+    the floor of a run that keeps its draws (``--hand-stores-draws``)."""
+    def run() -> None:
+        buffer = torch.empty(steps // STEPS_PER_DRAW, sum(p.numel() for p in hand.leaves))
+        for i in range(steps):
+            hand.step()
+            if (i + 1) % STEPS_PER_DRAW == 0:
+                torch.cat([p.detach().reshape(-1) for p in hand.leaves],
+                          out=buffer[i // STEPS_PER_DRAW])
+
+    return run
+
+
 # ---------------------------------------------------------------------------------- kernels
 
 
@@ -401,7 +416,8 @@ def measure_network(network: str, args: argparse.Namespace) -> tuple[list[Row], 
     for r in range(args.rounds):
         order = kernels[r % len(kernels):] + kernels[: r % len(kernels)]
         for k in order:  # each kernel measurement next to its own hand-written one
-            hand_t = timed(repeat(hand.step, args.steps))
+            hand_t = timed(storing_draws(hand, args.steps) if args.hand_stores_draws
+                           else repeat(hand.step, args.steps))
             run_t = mcmc_timing(k, model, data, args.steps)
             one_t = mcmc_timing(k, model, data, STEPS_PER_DRAW)
             rows[k].add_round(hand_t, run_t, one_t, args.steps)
@@ -453,7 +469,8 @@ def markdown(rows: list[Row], pots: list[PotentialRow], meta: dict[str, Any]) ->
         f"{meta['threads']}",
         f"- N = {NUM_DATA}, batch {BATCH_SIZE}, {STEPS_PER_DRAW} SG steps per draw, "
         f"{meta['steps']} steps per measurement, {meta['rounds']} rounds; hand-written minibatch "
-        f"indices: {meta['hand_indices']}; driver: {meta.get('driver', 'MCMC')}",
+        f"indices: {meta['hand_indices']}; driver: {meta.get('driver', 'MCMC')}; hand-written "
+        f"run stores its draws: {meta.get('hand_stores_draws', False)}",
         "",
         "Ratio = kernel ms/step (wall time of `MCMC.run` incl. setup / SG steps) over hand-written "
         "ms/step, median [min, max] over rounds (the JSON also has the ratios of process CPU "
@@ -505,6 +522,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smoke run: 30 steps, 2 rounds")
     parser.add_argument("--hand-indices", choices=("epoch", "randperm"), default="epoch",
                         help="how the hand-written step draws its minibatch indices")
+    parser.add_argument("--hand-stores-draws", action="store_true",
+                        help="the hand-written run also copies every draw into a buffer of "
+                        "draws (the floor of a run that keeps them)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON path, the table goes next to it as .md (default: "
                         "benchmarks/results/step_overhead.json, step_overhead_quick.json with "
@@ -548,6 +568,7 @@ def main(argv: list[str] | None = None) -> None:
         "cpu": cpu_model(), "cpu_count": torch.multiprocessing.cpu_count(),
         "threads": torch.get_num_threads(), "steps": args.steps, "rounds": args.rounds,
         "hand_indices": args.hand_indices, "driver": args.driver,
+        "hand_stores_draws": args.hand_stores_draws,
         "memory_method": args.memory_method,
         "num_data": NUM_DATA, "batch_size": BATCH_SIZE, "steps_per_draw": STEPS_PER_DRAW,
         "step_size": STEP_SIZE,

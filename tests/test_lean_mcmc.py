@@ -76,3 +76,25 @@ def test_draws_and_api_are_pyros_bit_for_bit(name, data):
                      (sample_stats(lean), sample_stats(stock))):
             assert all(torch.equal(a[k], b[k]) for k in b)
 
+
+
+def test_the_hook_sees_what_pyro_s_driver_shows_it(data):
+    """Without a progress bar LeanMCMC drives the kernel itself: ``hook_fn`` gets the same
+    kernel, draws, stages and indices as under Pyro's driver, chain after chain."""
+    seen = {LeanMCMC: [], MCMC: []}
+    for driver, calls in seen.items():
+        def hook(kernel, params, stage, i, calls=calls):
+            calls.append((type(kernel).__name__, stage, i, params["s"].item()))
+
+        _run(driver, SGLD(regression, step_size=1e-3), data, num_chains=2, hook_fn=hook)
+    assert len(seen[MCMC]) == 2 * 25 and seen[LeanMCMC] == seen[MCMC]
+    assert seen[MCMC][-1][1:3] == ("Sample [1]", 19)
+
+
+def test_with_a_progress_bar_the_draws_are_pyro_s(data, capsys):
+    lean, stock = (driver(SGLD(regression, step_size=1e-3), num_samples=5, warmup_steps=2)
+                   for driver in (LeanMCMC, MCMC))
+    for mcmc in (lean, stock):
+        pyro.set_rng_seed(0)
+        mcmc.run(*data)
+    assert torch.equal(lean.get_samples()["w"], stock.get_samples()["w"])

@@ -10,6 +10,7 @@ import pyro
 import pyro.poutine as poutine
 import torch
 from pyro.infer import MCMC
+from pyro.infer.mcmc.api import _UnarySampler
 from pyro.util import optional
 
 from pyro_flat import validation
@@ -24,7 +25,12 @@ class LeanMCMC(MCMC):
     and the chains together: for a moment the draws are in memory three times, and twice for a
     while after. ``LeanMCMC.run`` allocates the ``(num_chains, num_samples, D)`` buffer at the
     first draw (``D``: the values of the ``save_params`` sites) and copies every draw into it,
-    so the peak is the draws' bytes once plus a draw or two. Everything else is Pyro's:
+    so the peak is the draws' bytes once plus a draw or two. With ``disable_progbar=True`` and
+    the chains run one after another, ``LeanMCMC`` drives the kernel itself: each draw is
+    written straight into the buffer, and the per-draw diagnostics that Pyro's driver formats
+    for the progress bar (``kernel.logging()``, to JSON, through a logger) are skipped, as
+    Pyro's ``disable_progbar`` documents ("disable progress bar and diagnostics update").
+    Everything else is Pyro's:
     the constructor and its arguments, the samplers (chains one after another, or worker
     processes), ``hook_fn``, ``save_params``, transforms to the constrained space,
     :meth:`get_samples`, :meth:`diagnostics`, :meth:`summary`, and the draws themselves, which
@@ -67,7 +73,9 @@ class LeanMCMC(MCMC):
             self.disable_validation is not None,
         ):
             args = [arg.detach() if torch.is_tensor(arg) else arg for arg in args]
-            for x, chain_id in _naming_unknown_sites(self, self.sampler.run(*args, **kwargs)):
+            draws = (self._quiet_draws(*args, **kwargs) if self._drives_the_kernel()
+                     else self.sampler.run(*args, **kwargs))
+            for x, chain_id in _naming_unknown_sites(self, draws):
                 n = received[chain_id]
                 if n == 0:
                     z_structure = x
@@ -76,8 +84,13 @@ class LeanMCMC(MCMC):
                     continue
                 else:
                     if buffer is None:
-                        buffer = x.new_empty((self.num_chains, self.num_samples, x.numel()))
-                    buffer[chain_id, n - 1] = x
+                        numel = sum(v.numel() for v in x) if isinstance(x, list) else x.numel()
+                        first = x[0] if isinstance(x, list) else x
+                        buffer = first.new_empty((self.num_chains, self.num_samples, numel))
+                    if isinstance(x, list):  # the sites of a draw, flattened into its row
+                        torch.cat(x, out=buffer[chain_id, n - 1])
+                    else:
+                        buffer[chain_id, n - 1] = x
                     del x  # a worker's draw lives in shared memory: free it now
                 received[chain_id] += 1
 
@@ -96,6 +109,41 @@ class LeanMCMC(MCMC):
                 z_acc[name] = self.transforms[name].inv(z)
         self._samples = z_acc
         self.sampler.terminate(True)
+
+
+    def _drives_the_kernel(self) -> bool:
+        """Whether :meth:`run` drives the kernel itself (no progress bar, chains in turn)."""
+        sampler = self.sampler
+        return type(sampler) is _UnarySampler and sampler.disable_progbar
+
+    def _quiet_draws(self, *args: Any, **kwargs: Any) -> Iterator[tuple[Any, int]]:
+        """The draws of Pyro's sequential sampler without its progress bar's per-draw
+        diagnostics: per chain, the sites' shapes, each draw as the list of its flattened
+        ``save_params`` sites (in Pyro's order), then the kernel's diagnostics."""
+        kernel, sampler = self.kernel, self.sampler
+        for chain in range(self.num_chains):
+            if sampler.initial_params is not None:
+                kernel.initial_params = {k: v[chain] for k, v in sampler.initial_params.items()}
+            name = None if self.num_chains == 1 else chain
+            hook = sampler.hook or _no_hook
+            kernel.setup(self.warmup_steps, *args, **kwargs)
+            params = kernel.initial_params
+            save_params = getattr(kernel, "save_params", sorted(params))
+            yield {site: params[site].shape for site in save_params}, chain
+            for stage, count in (("Warmup", self.warmup_steps), ("Sample", self.num_samples)):
+                label = stage if name is None else f"{stage} [{name}]"
+                for i in range(count):
+                    params = kernel.sample(params)
+                    hook(kernel, params, label, i)
+                    if stage == "Sample":
+                        flat = [params[site].reshape(-1) for site in save_params]
+                        yield flat if flat else torch.tensor(flat), chain  # no site: as Pyro
+            yield kernel.diagnostics(), chain
+            kernel.cleanup()
+
+
+def _no_hook(kernel: Any, params: Any, stage: str, i: int) -> None:
+    pass
 
 
 def _check_arguments(kernel: Any, num_samples: int, *args: Any, **kwargs: Any) -> None:
