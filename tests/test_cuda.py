@@ -128,6 +128,38 @@ def test_the_sg_step_does_not_synchronise_with_the_host(name, chains):
         torch.cuda.set_sync_debug_mode("default")
 
 
+@pytest.mark.parametrize("name", ["SGLD", "SASGLD"])
+def test_the_deferred_step_draws_as_the_synchronous_one(name):
+    """The GPU's default step (finiteness read once per draw) against the step that reads it
+    at once, both on the GPU: the same arithmetic, so the same draws to float rounding."""
+    runs = []
+    for defer in (True, False):
+        pyro.set_rng_seed(0)
+        k = kernel(name, model("cuda", 32), vectorized_chains=4)
+        k.defer_finiteness_checks = defer
+        mcmc = MCMC(k, num_samples=6, warmup_steps=4, disable_progbar=True)
+        mcmc.run(*data("cuda"))
+        runs.append(mcmc.get_samples())
+    for site, value in runs[1].items():
+        torch.testing.assert_close(runs[0][site], value, rtol=1e-5, atol=1e-6, msg=site)
+
+
+def test_a_diverging_chain_on_the_gpu_stops_with_its_chain_step_and_site():
+    calls = [0]
+
+    def potential(params):
+        calls[0] += 1
+        u = 0.5 * params["x"].square().sum(-1)
+        return u if calls[0] <= 20 else u * float("nan")
+
+    sgld = registry.KERNELS["SGLD"](
+        potential_fn=potential, initial_params={"x": torch.zeros(2, 3, device="cuda")},
+        step_size=0.1, max_nonfinite_steps=10, num_steps_per_sample=7, vectorized_chains=2)
+    with pytest.raises(RuntimeError, match=r"chain 0 of 2 diverged.*10 of the last 20 SG steps "
+                                           r"\(10 in a row\), the last at step 29.*'x'"):
+        MCMC(sgld, num_samples=100, warmup_steps=2, disable_progbar=True).run()
+
+
 @pytest.mark.parametrize("loss", [LeanELBO, lambda: SharpnessAwareELBO(rho=0.05)])
 def test_svi_on_the_gpu(loss):
     pyro.clear_param_store()

@@ -21,6 +21,8 @@ LIBRARY_PRIVATES: dict[tuple[str, str], str] = {
     ("pyro.nn.module", "_PyroModuleMeta"): "PyroModule's metaclass (make_bayesian builds classes)",
     ("pyro.nn.module", "_is_module_local_param_enabled"):
         "whether PyroParams are module-local, which decides the lean guide's parameter names",
+    ("pyro.infer.mcmc.api", "_UnarySampler"):
+        "Pyro's sampler of chains in turn, which LeanMCMC replaces when no progress bar is shown",
     ("pyro.poutine.messenger", "_bound_partial"): "Pyro's messenger decorator protocol",
     ("pyro.poutine.messenger", "_context_wrap"): "Pyro's messenger decorator protocol",
     ("torch.distributions.utils", "_standard_normal"):
