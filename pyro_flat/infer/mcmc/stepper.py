@@ -145,16 +145,7 @@ class SGStepper:
         bad = ~finite
         self.divergence.record_on_device(bad, chains.position, estimate.grad, estimate.energy,
                                          state.num_steps)
-        chains.keep_finite_rows(finite)
-        if moments is not None:
-            moments(estimate.grad, finite)
-        kept = chains.rows_of(bad)
-        self.active_chains = finite
-        try:
-            self.update(state, estimate, step_size)
-        finally:
-            self.active_chains = None
-        chains.put_rows(kept, bad)
+        self._update_finite_rows(estimate, step_size, finite, moments)
         chains.fall_back(bad)
         state.num_steps += 1
         return result
@@ -172,8 +163,13 @@ class SGStepper:
                             moments: Callable[[torch.Tensor, torch.Tensor | None], None] | None
                             ) -> None:
         """The update of the chains ``finite``, the others' rows of the state kept."""
-        if not bool(finite.any()):
-            return
+        if bool(finite.any()):
+            self._update_finite_rows(estimate, step_size, finite, moments)
+
+    def _update_finite_rows(self, estimate: Estimate, step_size: float, finite: torch.Tensor,
+                            moments: Callable[[torch.Tensor, torch.Tensor | None], None] | None
+                            ) -> None:
+        """The update for every chain, the rows of the chains not ``finite`` put back."""
         chains, bad = self.chains, ~finite
         chains.keep_finite_rows(finite)
         if moments is not None:

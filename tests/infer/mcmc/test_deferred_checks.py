@@ -20,12 +20,12 @@ import pytest
 import torch
 from host_sync import HostSyncs
 from pyro.infer import MCMC
+from test_cuda import kernel as kernel_for  # every kernel at a given step, small settings
 
 import pyro_flat
 from pyro_flat.infer import SGHMC, SGLD
 from pyro_flat.infer.mcmc import registry
 from pyro_flat.infer.mcmc.l2e import native
-from pyro_flat.infer.mcmc.l2e.meta_net import MetaNet
 from pyro_flat.models.bnn import BNN
 from pyro_flat.models.likelihoods import Categorical
 
@@ -45,19 +45,6 @@ def network_model() -> tuple[BNN, torch.Tensor, torch.Tensor]:
     net = torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(),
                               torch.nn.Linear(16, CLASSES))
     return BNN(net, Categorical(), subsample_size=32), x, y
-
-
-def kernel_for(name: str, model, **kwargs):
-    extra = {"ContourSGLD": {"num_bins": 8, "auto_bins": True, "zeta": 0.5},
-             "EntropyMCMC": {"eta": 0.05}, "SASGLD": {"rho": 0.05},
-             "SGHMC": {"friction": 10.0}, "CyclicalSGLD": {"cycle_length": 6},
-             "L2E": {"meta_params": MetaNet.init(torch.Generator().manual_seed(0),
-                                                 planted=3.0, descent=30.0)}}.get(name, {})
-    if name != "CyclicalSGLD":
-        extra["num_steps_per_sample"] = 3
-    step = 1e-2 if name in ("SGHMC", "L2E") else 1e-3
-    kernel = registry.KERNELS[name](model, step, **extra, **kwargs)
-    return kernel
 
 
 def run(kernel, defer: bool, num_samples: int = 6, *data) -> MCMC:
