@@ -110,7 +110,6 @@ class LeanMCMC(MCMC):
         self._samples = z_acc
         self.sampler.terminate(True)
 
-
     def _drives_the_kernel(self) -> bool:
         """Whether :meth:`run` drives the kernel itself (no progress bar, chains in turn)."""
         sampler = self.sampler

@@ -79,10 +79,7 @@ class DivergencePolicy:
     def record(self, bad: torch.Tensor | None) -> int | None:
         """After an SG step: ``bad`` marks the chains whose step was not finite (``None``: every
         chain's was). Returns the first chain that must stop, or ``None``."""
-        recent = self.recent
-        if len(recent) == recent.maxlen and recent[0] is not None:
-            self.num_recent -= recent[0].long()
-        recent.append(bad)
+        self._forget_oldest_and_add(bad)
         if bad is None:
             if self._any_in_a_row:
                 self.in_a_row.zero_()
@@ -97,16 +94,21 @@ class DivergencePolicy:
         stopped = torch.nonzero(self.num_recent >= self.max_nonfinite_steps)
         return int(stopped[0]) if len(stopped) else None
 
+    def _forget_oldest_and_add(self, bad: torch.Tensor | None) -> None:
+        """Slide the window of :attr:`recent` by the step ``bad``."""
+        recent = self.recent
+        if len(recent) == recent.maxlen and recent[0] is not None:
+            self.num_recent -= recent[0].long()
+        recent.append(bad)
+
     def record_on_device(self, bad: torch.Tensor, position: torch.Tensor, grad: torch.Tensor,
                          energy: torch.Tensor, step: int) -> None:
         """:meth:`record` without a host synchronisation: ``bad`` marks the chains whose step
         ``step`` was not finite (a tensor for every step), ``position``, ``grad`` and
         ``energy`` are the chains' rows at it. The first chain that must stop, and what its
         message needs, are kept on the device until :meth:`stopped` reads them."""
+        self._forget_oldest_and_add(bad)
         recent = self.recent
-        if len(recent) == recent.maxlen and recent[0] is not None:
-            self.num_recent -= recent[0].long()
-        recent.append(bad)
         self._any_in_a_row = True
         self.num_recent += bad.long()
         self.diverged |= bad
