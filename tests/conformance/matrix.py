@@ -92,7 +92,12 @@ the export left a module model's buffers and training flags as they were.
 
 **Budgets.** ``slow``: 100 warmup draws and 200 draws per vectorised chain (a single chain
 runs 4 times the draws, the same total) at the model's ``thin`` steps per draw; ``fast`` (the
-CI cells, ``linreg``): 25 and 100 at ``fast_thin``.
+CI cells, ``linreg``): 25 and 100 at ``fast_thin``. A cell with an inconclusive check continues
+its chains (bitwise, from the kernel's checkpoint, no further warmup), doubling its draws, until
+every check is conclusive or it holds ``MAX_DRAWS_FACTOR`` = 8 times the budget's draws. Whether
+it continues depends only on the ESS (the Monte Carlo part of the tolerances), never on how far
+an estimate is from its reference, and the continued chains are bitwise those of one longer
+run: a continued cell is checked as a run that asked for all its draws at the start would be.
 """
 
 from __future__ import annotations
@@ -159,6 +164,9 @@ L2E_SD_ALLOWANCE = 0.5
 L2E_STEP_MULT = 2.0
 #: The largest Monte Carlo part of a tolerance, in posterior sds, for a conclusive check.
 MAX_MC_TOLERANCE = {"slow": 1.0, "fast": 1.5}
+#: An inconclusive cell continues its chains, doubling its draws, up to this many times the
+#: budget's draws.
+MAX_DRAWS_FACTOR = 8
 
 
 @dataclass(frozen=True)
@@ -599,6 +607,33 @@ def check(cell: Cell, stats: dict[str, np.ndarray], reference: dict[str, Any],
     return rows
 
 
+def _run_draws(cell: Cell, mcmc: MCMC) -> tuple[dict[str, torch.Tensor], np.ndarray | None]:
+    """A run's draws ``(chains, draws, ...)`` and, for ContourSGLD, their ``log_weight``."""
+    if cell.kernel != "ContourSGLD":
+        return _chain_draws(mcmc), None
+    log_weight = pyro_flat.sample_stats(mcmc, group_by_chain=True)["log_weight"]
+    return _chain_draws(mcmc), log_weight.double().numpy()
+
+
+def _inconclusive(rows: list[Row]) -> bool:
+    return any(r.note.startswith("inconclusive") for r in rows)
+
+
+def continue_run(cell: Cell, kernel: Any, args: tuple, num_draws: int,
+                 draws: dict[str, torch.Tensor], log_weight: np.ndarray | None
+                 ) -> tuple[dict[str, torch.Tensor], np.ndarray | None]:
+    """Continue a finished run's chains by ``num_draws`` draws, bitwise (the kernel's
+    checkpoint, no warmup), and return every draw so far (and ContourSGLD's ``log_weight``)."""
+    kernel.load_state_dict(kernel.state_dict())
+    more = MCMC(kernel, num_samples=num_draws, warmup_steps=0, disable_progbar=True)
+    more.run(*args)
+    new_draws, new_weight = _run_draws(cell, more)
+    draws = {k: torch.cat([v, new_draws[k]], 1) for k, v in draws.items()}
+    if log_weight is not None:
+        log_weight = np.concatenate([log_weight, new_weight], 1)
+    return draws, log_weight
+
+
 def run_cell(cell: Cell, budget: str = "slow", reference: dict[str, Any] | None = None
              ) -> CellResult:
     """Run one cell and check it (without classifying it; see :func:`classify`)."""
@@ -634,22 +669,25 @@ def run_cell(cell: Cell, budget: str = "slow", reference: dict[str, Any] | None 
             mcmc = MCMC(kernel, num_samples=num_draws, warmup_steps=warmup,
                         disable_progbar=True)
             mcmc.run(*data.args)
-            draws = _chain_draws(mcmc)
-            stats = summarize_run(problem, draws)
-            if cell.kernel == "ContourSGLD":
-                log_weight = pyro_flat.sample_stats(mcmc, group_by_chain=True)["log_weight"]
-                log_weight = log_weight.double().numpy()
-            else:
-                log_weight = None
-            if not problem.has_posterior:
-                bad = [k for k, v in stats.items() if not np.all(np.isfinite(v))]
-                result.rows = [Row("finite draws", "all", float(not bad), 1.0, 0.0, 0.0, 0.0,
-                                   0.0, not bad, "no posterior: runs only")]
-            else:
-                result.rows = check(cell, stats, ref, log_weight, budget,
-                                    kernel.layout.size)
-            chains, n = next(iter(stats.values())).shape
-            result.rows += export_rows(mcmc, problem, model, chains, n)
+            draws, log_weight = _run_draws(cell, mcmc)
+            chains, n = next(iter(draws.values())).shape[:2]
+            exported = export_rows(mcmc, problem, model, chains, n)
+            while True:
+                stats = summarize_run(problem, draws)
+                if not problem.has_posterior:
+                    bad = [k for k, v in stats.items() if not np.all(np.isfinite(v))]
+                    result.rows = [Row("finite draws", "all", float(not bad), 1.0, 0.0, 0.0,
+                                       0.0, 0.0, not bad, "no posterior: runs only")]
+                else:
+                    result.rows = check(cell, stats, ref, log_weight, budget,
+                                        kernel.layout.size)
+                held = next(iter(draws.values())).shape[1]
+                if not _inconclusive(result.rows) or held >= MAX_DRAWS_FACTOR * num_draws:
+                    break
+                draws, log_weight = continue_run(cell, kernel, data.args, held, draws,
+                                                 log_weight)
+                result.settings["draws_per_chain"] = 2 * held
+            result.rows += exported
         except Exception as e:  # noqa: BLE001 (every error is a result of the cell)
             result.error_type, result.error = type(e).__name__, str(e)
             result._exception = e

@@ -118,3 +118,61 @@ def test_a_known_broken_cell_that_meets_its_check_is_flagged(monkeypatch) -> Non
     assert classify(cell, raised).outcome == "fixed"
     bad = Row("b", "mean", 5.0, 0.0, 1.0, 1.0, 0.0, 100.0, False)
     assert classify(cell, CellResult(cell.id, "fast", rows=[bad])).outcome == "known-broken"
+
+
+@pytest.mark.parametrize("kernel", ["SGLD", "ContourSGLD"])
+def test_a_continued_run_is_the_longer_run(kernel: str) -> None:
+    """``continue_run`` (how an inconclusive cell gets more draws) gives, bitwise, the draws
+    (and ContourSGLD's weights) of one run that asked for all of them from the start."""
+    import pyro
+    import torch
+    from pyro.infer import MCMC
+
+    from .matrix import _run_draws, continue_run, make_kernel
+    from .reference import load_reference
+
+    cell = Cell("linreg", kernel, "plate", "adapted", "vectorized")
+    problem, data = PROBLEMS["linreg"], PROBLEMS["linreg"].data()
+    curvature = load_reference()["problems"][problem.reference_name]["curvature"]
+
+    def run(num_draws: int) -> tuple:
+        pyro.set_rng_seed(5)
+        kernel = make_kernel(cell, problem.build(25), curvature, data.num_data, "fast")
+        mcmc = MCMC(kernel, num_samples=num_draws, warmup_steps=10, disable_progbar=True)
+        mcmc.run(*data.args)
+        return kernel, _run_draws(cell, mcmc)
+
+    _, (whole, whole_weight) = run(12)
+    kernel_, (draws, log_weight) = run(4)
+    draws, log_weight = continue_run(cell, kernel_, data.args, 8, draws, log_weight)
+    assert set(draws) == set(whole)
+    for name, value in whole.items():
+        assert torch.equal(draws[name], value), name
+    if kernel == "ContourSGLD":
+        assert (log_weight == whole_weight).all()
+
+
+def test_an_inconclusive_cell_continues_its_chains(monkeypatch) -> None:
+    """A cell whose first run leaves a check inconclusive (here: 4 draws a chain, 16 in all,
+    against a conclusive Monte Carlo part of at most 0.75 posterior sds, which needs an ESS
+    of about 30) doubles its draws until every check is conclusive or it holds
+    ``MAX_DRAWS_FACTOR`` times the budget's draws; a conclusive cell does not continue."""
+    import dataclasses
+
+    from . import matrix
+
+    setting = dataclasses.replace(matrix.SETTINGS["linreg"], fast_draws=4)
+    monkeypatch.setitem(matrix.SETTINGS, "linreg", setting)
+    monkeypatch.setitem(matrix.MAX_MC_TOLERANCE, "fast", 0.75)
+    cell = Cell("linreg", "SGLD", "full", "given", "vectorized")
+    result = matrix.run_cell(cell, "fast")
+    held = result.settings["draws_per_chain"]
+    assert held > 4
+    assert held <= matrix.MAX_DRAWS_FACTOR * 4
+    inconclusive = any(r.note.startswith("inconclusive") for r in result.rows)
+    assert not inconclusive or held == matrix.MAX_DRAWS_FACTOR * 4
+
+    monkeypatch.setitem(matrix.SETTINGS, "linreg", dataclasses.replace(setting, fast_draws=100))
+    result = matrix.run_cell(cell, "fast")
+    assert not any(r.note.startswith("inconclusive") for r in result.rows)
+    assert result.settings["draws_per_chain"] == 100
