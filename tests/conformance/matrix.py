@@ -301,6 +301,13 @@ EXPECTED: dict[str, Expected] = {
         ValueError, r"(?s)observed site 'obs': the value of shape \(\d+, 1\).*broadcast",
         "targets (N, 1) against a mean (B,) would broadcast into a (B, B) log-density; the "
         "kernels refuse it, naming the site and both shapes (issue 31, item 4)"),
+    "two_outputs/SASGLD/full/given/vectorized": Expected(
+        RuntimeError, r"(?s)chain 1 of 4 diverged.*non-finite gradient at sites.*'sigma'.*"
+                      r"smaller step_size",
+        "the given step, 0.1 of the stability limit at the posterior's curvature, is far too "
+        "large where chain 1 starts (a gradient norm of 2e5 after its first step): each step "
+        "sends the noise scale from 450 to 1e-44, falls back and repeats, and the kernel "
+        "stops the chain naming its sites, as it must; SGLD's cell escapes the same start"),
 }
 
 @dataclass(frozen=True)
