@@ -129,7 +129,10 @@ def trace_model(
 
     Every observed site is checked here, once: a value and distribution that broadcast into a
     larger log-density (targets ``(N, 1)`` against a mean ``(B,)``) raise ``ValueError``
-    naming the site and both shapes (:mod:`pyro_flat.target.observed_shapes`).
+    naming the site and both shapes (:mod:`pyro_flat.target.observed_shapes`). A model that
+    raises here after drawing latent sites inside a plate (a network with ``PyroSample``
+    weights run inside the data plate) raises ``ValueError`` naming those sites, from the
+    model's own error.
 
     Returns
     -------
@@ -169,8 +172,17 @@ def trace_model(
                   for k, a in kwargs.items()}
         setup_model = InjectIndices(slice_size, idx)(model)
 
+    tracer = poutine.trace(InitMessenger(init_strategy)(setup_model))
     with torch.no_grad():
-        trace = poutine.trace(InitMessenger(init_strategy)(setup_model)).get_trace(*args, **kwargs)
+        try:
+            trace = tracer.get_trace(*args, **kwargs)
+        except (RuntimeError, ValueError) as error:
+            hint = _latents_in_plates_hint(tracer.msngr.trace)
+            if hint is None:
+                raise
+            first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise ValueError(f"the model raised {type(error).__name__}: {first_line}\n{hint}"
+                             ) from error
 
     observed, common = _observed_plates(trace)
     for name in observed:  # once here, so that no SG step pays for it
@@ -219,6 +231,29 @@ def trace_model(
     layout = FlatLayout.from_shapes(shapes, transforms)
     return TracedModel(layout, init, plate, FlatNormalPrior.from_trace(layout, trace.nodes),
                        _data_size(plate, common, data_plate))
+
+
+def _latents_in_plates_hint(partial: Any) -> str | None:
+    """What to tell a user whose model raised while being traced, when latent sites were
+    sampled inside a plate before it did (``None`` if none were): the usual cause is a
+    network with ``PyroSample`` weights run inside the data plate, whose weights then get one
+    draw per data point."""
+    local = []
+    for name, site in partial.nodes.items():
+        if site["type"] != "sample" or site["is_observed"]:
+            continue
+        plates = [f.name for f in site["cond_indep_stack"] if f.vectorized and f.size > 1]
+        if plates:
+            local.append(f"{name!r} (shape {tuple(site['value'].shape)}, in plate "
+                         f"{plates[0]!r})")
+    if not local:
+        return None
+    return ("Before it raised, these latent sites were sampled inside a plate: "
+            + ", ".join(local) + ". If they are PyroSample parameters of a network, the "
+            "network ran inside the data plate and drew its weights once per data point: run "
+            "it outside the plate (draw the indices first, `with pyro.plate(...) as ind: "
+            "pass`, compute the network on x[ind], then re-enter the plate for the "
+            "observation).")
 
 
 def _sliceable(a: Any, size: int) -> bool:

@@ -290,6 +290,40 @@ def test_local_latent_in_subsampled_plate_is_refused():
         harness.run(SGLD(local_latent_model, step_size=0.1), 1, 0, 0, torch.randn(50))
 
 
+def _network_inside_the_plate(x, y=None):
+    """A user's mistake: a network with ``PyroSample`` weights run inside the data plate."""
+    from pyro.nn import PyroModule, PyroSample
+
+    net = PyroModule[torch.nn.Linear](1, 3)
+    net.weight = PyroSample(dist.Normal(0.0, 1.0).expand([3, 1]).to_event(2))
+    net.bias = PyroSample(dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+    with pyro.plate("data", x.shape[0]):
+        pyro.sample("obs", dist.Normal(net(x).sum(-1), 1.0), obs=y)
+
+
+@pytest.mark.parametrize("subsample_size", [None, 10])
+def test_a_network_run_inside_the_plate_is_named(subsample_size):
+    """The model raises torch's raw shape error while being traced; the kernel says which
+    latent sites were drawn inside the plate, and what to do."""
+    x, y = torch.randn(40, 1), torch.randn(40)
+    kernel = SGLD(_network_inside_the_plate, step_size=0.1, subsample_size=subsample_size)
+    shape = 40 if subsample_size is None else subsample_size
+    with pytest.raises(ValueError, match=(
+            rf"(?s)the model raised RuntimeError.*'weight' \(shape \({shape}, 3, 1\), in "
+            r"plate 'data'\).*run it outside the plate")) as raised:
+        harness.run(kernel, 1, 0, 0, x, y)
+    assert isinstance(raised.value.__cause__, RuntimeError)
+
+
+def test_a_model_error_without_local_latents_is_left_as_it_is():
+    def model(x):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        raise RuntimeError(f"the user's own error {w.shape}")
+
+    with pytest.raises(RuntimeError, match="the user's own error"):
+        harness.run(SGLD(model, step_size=0.1), 1, 0, 0, torch.randn(5))
+
+
 def test_subsample_size_larger_than_data_is_refused():
     x, y = harness.linear_regression_data(n=50)
     model = harness.BayesianLinearRegression(2, PRIOR, SIGMA, batch_size=None)
