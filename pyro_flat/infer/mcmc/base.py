@@ -43,11 +43,13 @@ from pyro_flat.infer.mcmc.checkpoint import Checkpoints, state_fingerprint
 from pyro_flat.infer.mcmc.compilation import Compilation, check_compile, set_up_compilation
 from pyro_flat.infer.mcmc.divergence import DivergencePolicy, warn_if_blown_up
 from pyro_flat.infer.mcmc.draw_layout import DrawLayout
+from pyro_flat.infer.mcmc.draw_mixing import DrawMixing, warn_if_draws_mix_slowly
 from pyro_flat.infer.mcmc.estimators import MinibatchGradient
 from pyro_flat.infer.mcmc.recorder import DrawRecorder
 from pyro_flat.infer.mcmc.run_target import chain_inits, model_run_target, user_run_target
 from pyro_flat.infer.mcmc.state import KernelState
 from pyro_flat.infer.mcmc.stepper import SGStepper, StepResult
+from pyro_flat.infer.mcmc.thinning import network_weight_sites
 from pyro_flat.infer.mcmc.update_rule import UpdateRule
 from pyro_flat.infer.mcmc.warmup import Warmup
 from pyro_flat.target.layout import FlatLayout
@@ -426,6 +428,9 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
                            else self.target.grad_buffer.unsqueeze(0))
         names = tuple(dict.fromkeys(self.stat_names + self.estimator.stat_names))
         self.recorder = DrawRecorder(names, self.stat_dtypes)
+        #: The summaries of the draws after warmup, whose ESS the run's end checks
+        #: (:mod:`.draw_mixing`).
+        self.draw_mixing = DrawMixing(layout, network_weight_sites(self.model))
         #: Which chains' steps were non-finite, and when one must stop (:mod:`.divergence`).
         self.divergence = DivergencePolicy(k or 1, self.max_nonfinite_steps, z.device)
         defer = self.defer_finiteness_checks
@@ -494,6 +499,7 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
             self.stepper.raise_if_stopped()
         if self._draw >= self._warmup_steps:
             self._record_draw()
+            self.draw_mixing.record(z)
         self._draw += 1
         self._last_flat = self.outward(self.draw_layout.copy(z, self.state))
         self._last_draw = self.draw_layout.views(self._last_flat)
@@ -572,6 +578,8 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         callbacks, self._end_of_run_callbacks = self._end_of_run_callbacks, []
         try:
             self.warmup.warn_at_end()
+            if not self.warmup.thinning_warned:
+                warn_if_draws_mix_slowly(type(self).__name__, self.draw_mixing.lowest_ess())
             self.checkpoints.end_run()
             stats = self.recorder.tensors(["diverging", "grad_norm"])
             if "diverging" not in stats or not len(stats["diverging"]):

@@ -105,6 +105,8 @@ class Warmup:
         self._thinning_start: int | None = None
         self.autocorrelation_time: float | None = None
         self.steps_per_sample: int | None = None
+        #: Whether the run warned that its given thinning is far too small.
+        self.thinning_warned = False
 
     # ------------------------------------------------------------------ planning
 
@@ -440,6 +442,7 @@ class Warmup:
         if tau is None or k.auto_thinning:
             return
         if tau > thinning.TOO_FEW_FACTOR * k.num_steps_per_sample:
+            self.thinning_warned = True
             warnings.warn(
                 f"{type(k).__name__}: the slowest site summary has an autocorrelation time "
                 f"of about {tau:.0f} SG steps in the last quarter of warmup, over "
