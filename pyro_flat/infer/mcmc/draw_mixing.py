@@ -17,7 +17,9 @@ pooled over vectorised chains). The effective sample size is
 .. math:: \mathrm{ESS} = K n / \tau
 
 for :math:`K` chains of :math:`n` draws, and a run whose smallest ESS is below
-:data:`LOW_ESS_FRACTION` of its :math:`Kn` draws warns, naming the site. A run of fewer than
+:data:`LOW_ESS_FRACTION` of its :math:`Kn` draws warns, naming the site. The memory is bounded:
+past :data:`MAX_KEPT` draws the run keeps every second draw's summaries, then every fourth, and
+so on (:class:`DrawMixing`). A run of fewer than
 :data:`MIN_DRAWS` draws, a model with no such summary (a network whose every site is a
 weight), and a run that warmup already warned of (a given thinning far too small) are not
 checked.
@@ -37,31 +39,38 @@ import torch
 from pyro_flat.infer.mcmc.thinning import SMALL_SITE, integrated_autocorrelation_time
 from pyro_flat.target.layout import FlatLayout
 
-__all__ = ["LOW_ESS_FRACTION", "MIN_DRAWS", "DrawMixing", "LowestESS",
+__all__ = ["LOW_ESS_FRACTION", "MAX_KEPT", "MIN_DRAWS", "DrawMixing", "LowestESS",
            "warn_if_draws_mix_slowly"]
 
 #: A run warns when its smallest effective sample size is below this fraction of its draws.
 LOW_ESS_FRACTION = 0.05
 #: The fewest draws (per chain) the check reads: fewer give no usable estimate of ``tau``.
 MIN_DRAWS = 40
+#: The most draws' summaries a run keeps (then every second one, and so on).
+MAX_KEPT = 4096
 
 
 @dataclass(frozen=True)
 class LowestESS:
-    """The summary with the smallest effective sample size of a run's draws."""
+    """The summary with the smallest effective sample size of a run's draws: ``ess`` of
+    ``num_draws`` (over all chains); ``fraction`` is the ESS per kept draw (the ESS over the
+    draws' number unless the run kept every ``2^j``-th draw, :class:`DrawMixing`)."""
 
     ess: float
     site: str
     element: int | None  # in the site's unconstrained flat vector; None: a one-element site
-    num_draws: int  # over all chains
-
-    @property
-    def fraction(self) -> float:
-        return self.ess / self.num_draws
+    num_draws: int
+    fraction: float
 
 
 class DrawMixing:
     """The summaries of a run's draws after warmup, and their smallest ESS.
+
+    The summaries are kept in a buffer of :data:`MAX_KEPT` draws: a longer run keeps every
+    second draw from the moment the buffer fills (every fourth when it fills again, ...), so
+    its memory does not grow with its draws. The ESS of the kept draws is then the run's when
+    their autocorrelation time spans many kept draws, which is the case whenever it is below
+    :data:`LOW_ESS_FRACTION` of them; ``fraction`` is measured on the kept draws.
 
     Parameters
     ----------
@@ -95,7 +104,10 @@ class DrawMixing:
                 self._names += [(site.name, i if site.numel > 1 else None)
                                 for i in range(site.numel)]
         self._columns = torch.tensor(columns, dtype=torch.long)
-        self._draws: list[torch.Tensor] = []
+        self._kept: torch.Tensor | None = None  # (MAX_KEPT, [K,] summaries)
+        self._num_kept = 0
+        self._seen = 0
+        self._stride = 1
 
     @property
     def monitors(self) -> bool:
@@ -105,17 +117,33 @@ class DrawMixing:
     def record(self, position: torch.Tensor) -> None:
         """Keep a draw's summaries (``position``: ``(D,)``, or ``(K, D)`` for ``K`` vectorised
         chains); they stay on the position's device until :meth:`lowest_ess`."""
-        if self._names:
-            columns = self._columns.to(position.device, non_blocking=True)
-            self._draws.append(position.detach().index_select(-1, columns))
+        if not self._names:
+            return
+        seen, self._seen = self._seen, self._seen + 1
+        if seen % self._stride:
+            return
+        if self._kept is None:
+            self._columns = self._columns.to(position.device)
+            self._kept = position.new_empty((MAX_KEPT, *position.shape[:-1],
+                                             len(self._names)))
+        if self._num_kept == MAX_KEPT:  # keep every second draw from now on
+            half = MAX_KEPT // 2
+            self._kept[:half] = self._kept[0::2].clone()
+            self._num_kept, self._stride = half, 2 * self._stride
+            if seen % self._stride:
+                return
+        torch.index_select(position.detach(), -1, self._columns,
+                           out=self._kept[self._num_kept])
+        self._num_kept += 1
 
     def lowest_ess(self) -> LowestESS | None:
         """The smallest ESS over the summaries (``None``: fewer than :data:`MIN_DRAWS` draws or
         nothing monitored); the draws kept so far are released."""
-        draws, self._draws = self._draws, []
-        if not self._names or len(draws) < MIN_DRAWS:
+        kept, num_kept, seen = self._kept, self._num_kept, self._seen
+        self._kept, self._num_kept, self._seen, self._stride = None, 0, 0, 1
+        if kept is None or num_kept < MIN_DRAWS:
             return None
-        series = torch.stack(draws, -1).to("cpu", torch.float64)  # ([K,] summaries, draws)
+        series = kept[:num_kept].to("cpu", torch.float64).movedim(0, -1)  # ([K,] m, draws)
         finite = torch.isfinite(series).all(-1, keepdim=True)
         series = torch.where(finite, series, torch.zeros_like(series))
         chains = series.shape[0] if series.dim() > 2 else 1
@@ -123,9 +151,10 @@ class DrawMixing:
         if tau.dim() > 1:  # a single vectorised chain: (1, summaries)
             tau = tau.max(0).values
         worst = int(tau.argmax())
-        num_draws = chains * len(draws)
         site, element = self._names[worst]
-        return LowestESS(num_draws / float(tau[worst]), site, element, num_draws)
+        slowest = float(tau[worst])
+        return LowestESS(chains * num_kept / slowest, site, element, chains * seen,
+                         1.0 / slowest)
 
 
 def warn_if_draws_mix_slowly(kernel_name: str, lowest: LowestESS | None) -> None:
@@ -133,9 +162,10 @@ def warn_if_draws_mix_slowly(kernel_name: str, lowest: LowestESS | None) -> None
     if lowest is None or lowest.fraction >= LOW_ESS_FRACTION:
         return
     element = "" if lowest.element is None else f" (element {lowest.element})"
+    share = lowest.ess / lowest.num_draws
     warnings.warn(
         f"{kernel_name}: the draws' effective sample size for site {lowest.site!r}{element} is "
-        f"about {lowest.ess:.0f} of {lowest.num_draws} draws ({lowest.fraction:.1%}), below "
+        f"about {lowest.ess:.0f} of {lowest.num_draws} draws ({share:.1%}), below "
         f"{LOW_ESS_FRACTION:.0%}: the chain had not settled when warmup ended, or it mixes more "
         "slowly than warmup measured. Run a longer warmup (MCMC's warmup_steps) or more SG "
         "steps per draw, and check the draws with arviz.ess and arviz.rhat",

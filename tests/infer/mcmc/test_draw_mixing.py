@@ -19,7 +19,8 @@ from harness import Z
 from pyro.nn import PyroModule, PyroSample
 
 from pyro_flat.infer import SGLD
-from pyro_flat.infer.mcmc.draw_mixing import LOW_ESS_FRACTION, MIN_DRAWS
+from pyro_flat.infer.mcmc.draw_mixing import LOW_ESS_FRACTION, MAX_KEPT, MIN_DRAWS, DrawMixing
+from pyro_flat.target.layout import FlatLayout
 
 EPS = 0.05
 TAU = (2 - EPS) / EPS  # 39 SG steps
@@ -121,3 +122,36 @@ def test_network_weights_are_not_monitored():
     messages = [str(w.message) for w in caught]
     assert not kernel.draw_mixing.monitors
     assert not any(re.search(MESSAGE, m) for m in messages)
+
+
+def _ar1_mixing(a: float, draws: int, chains: int = 64) -> DrawMixing:
+    mixing = DrawMixing(FlatLayout.from_shapes({"scale": torch.Size([])}), set())
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(chains, 1, generator=g) / math.sqrt(1 - a * a)  # the stationary law
+    for _ in range(draws):
+        x = a * x + torch.randn(chains, 1, generator=g)
+        mixing.record(x)
+    return mixing
+
+
+def test_a_long_run_keeps_bounded_memory_and_its_ess():
+    """20,000 draws of 64 AR(1) chains with coefficient 0.99 (tau = 199 draws, ESS = 6,432):
+    past 4,096 and 8,192 draws the buffer keeps every second, then every fourth draw (5,000
+    kept), whose coefficient 0.99^4 gives tau = 49.8 kept draws and the same ESS. The pooled
+    estimate's relative sd is about sqrt(2 (2M + 1) / N) = 0.043 (M = 3 tau, N = 320,000 kept
+    draws); within Z of them."""
+    mixing = _ar1_mixing(0.99, 20_000)
+    assert mixing._kept.shape[0] == MAX_KEPT
+    lowest = mixing.lowest_ess()
+    exact = 64 * 20_000 / ((1 + 0.99) / (1 - 0.99))
+    relative_sd = math.sqrt(2 * (2 * 3 * 49.8 + 1) / (64 * 5000))
+    assert lowest.num_draws == 64 * 20_000
+    assert abs(lowest.ess / exact - 1) <= Z * relative_sd
+    assert lowest.fraction < LOW_ESS_FRACTION
+
+
+def test_thinning_the_kept_draws_raises_no_false_alarm():
+    """Independent draws (coefficient 0): every fourth of 20,000 kept, an ESS per kept draw
+    of about 1."""
+    lowest = _ar1_mixing(0.0, 20_000, chains=4).lowest_ess()
+    assert lowest.fraction > 0.5
