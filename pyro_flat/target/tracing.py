@@ -30,6 +30,10 @@ __all__ = ["DataPlate", "TracedModel", "trace_model"]
 FULL_BATCH_HINT_POINTS = 10_000
 #: The minibatch the full-batch hint compares with.
 HINT_BATCH = 128
+#: What a model whose network draws its weights inside the data plate should do instead.
+_RUN_THE_NETWORK_OUTSIDE = (
+    "run the network outside the plate: draw the indices first (`with pyro.plate(...) as "
+    "ind: pass`), compute the network on x[ind], then re-enter the plate for the observation")
 
 
 
@@ -214,9 +218,7 @@ def trace_model(
             raise ValueError(
                 f"latent site {name!r} is sampled inside the subsampled plate {plate.name!r}. "
                 "Local latent variables are not supported by SG-MCMC kernels. If it is a "
-                "PyroSample parameter of a network, run the network outside the plate: draw the "
-                "indices first (`with pyro.plate(...) as ind: pass`), compute the network on "
-                "x[ind], then re-enter the plate for the observation"
+                f"PyroSample parameter of a network, {_RUN_THE_NETWORK_OUTSIDE}"
             )
         transform = biject_to(fn.support)
         unconstrained = transform.inv(value).detach()
@@ -250,10 +252,8 @@ def _latents_in_plates_hint(partial: Any) -> str | None:
         return None
     return ("Before it raised, these latent sites were sampled inside a plate: "
             + ", ".join(local) + ". If they are PyroSample parameters of a network, the "
-            "network ran inside the data plate and drew its weights once per data point: run "
-            "it outside the plate (draw the indices first, `with pyro.plate(...) as ind: "
-            "pass`, compute the network on x[ind], then re-enter the plate for the "
-            "observation).")
+            f"network ran inside the data plate and drew its weights once per data point: "
+            f"{_RUN_THE_NETWORK_OUTSIDE}.")
 
 
 def _sliceable(a: Any, size: int) -> bool:

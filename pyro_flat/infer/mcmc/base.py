@@ -49,7 +49,7 @@ from pyro_flat.infer.mcmc.recorder import DrawRecorder
 from pyro_flat.infer.mcmc.run_target import chain_inits, model_run_target, user_run_target
 from pyro_flat.infer.mcmc.state import KernelState
 from pyro_flat.infer.mcmc.stepper import SGStepper, StepResult
-from pyro_flat.infer.mcmc.thinning import network_weight_sites
+from pyro_flat.infer.mcmc.thinning import monitored_sites
 from pyro_flat.infer.mcmc.update_rule import UpdateRule
 from pyro_flat.infer.mcmc.warmup import Warmup
 from pyro_flat.target.layout import FlatLayout
@@ -430,7 +430,7 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         self.recorder = DrawRecorder(names, self.stat_dtypes)
         #: The summaries of the draws after warmup, whose ESS the run's end checks
         #: (:mod:`.draw_mixing`).
-        self.draw_mixing = DrawMixing(layout, network_weight_sites(self.model))
+        self.draw_mixing = DrawMixing(monitored_sites(layout, self.model))
         #: Which chains' steps were non-finite, and when one must stop (:mod:`.divergence`).
         self.divergence = DivergencePolicy(k or 1, self.max_nonfinite_steps, z.device)
         defer = self.defer_finiteness_checks

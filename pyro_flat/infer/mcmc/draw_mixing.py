@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pyro_flat.infer.mcmc.thinning import SMALL_SITE, integrated_autocorrelation_time
-from pyro_flat.target.layout import FlatLayout
+from pyro_flat.infer.mcmc.thinning import integrated_autocorrelation_time
+from pyro_flat.target.layout import Site
 
 __all__ = ["LOW_ESS_FRACTION", "MAX_KEPT", "MIN_DRAWS", "DrawMixing", "LowestESS",
            "warn_if_draws_mix_slowly"]
@@ -74,17 +74,15 @@ class DrawMixing:
 
     Parameters
     ----------
-    layout : FlatLayout
-        The flat position's layout.
-    weight_sites : set of str
-        Sites that are a network's weights (:func:`~.thinning.network_weight_sites`): not
-        monitored.
+    sites : list of Site
+        The monitored sites of the flat position's layout
+        (:func:`~.thinning.monitored_sites`).
 
     Examples
     --------
     >>> import torch
     >>> from pyro_flat.target.layout import FlatLayout
-    >>> mixing = DrawMixing(FlatLayout.from_shapes({"scale": torch.Size([])}), set())
+    >>> mixing = DrawMixing(FlatLayout.from_shapes({"scale": torch.Size([])}).sites)
     >>> g = torch.Generator().manual_seed(0)
     >>> x = torch.zeros(1)
     >>> for _ in range(400):  # AR(1) with coefficient 0.99: tau = 199, an ESS of about 2
@@ -95,14 +93,12 @@ class DrawMixing:
     ('scale', 400, True)
     """
 
-    def __init__(self, layout: FlatLayout, weight_sites: set[str]):
+    def __init__(self, sites: list[Site]):
         self._names: list[tuple[str, int | None]] = []
         columns = []
-        for site in layout.sites:
-            if 0 < site.numel <= SMALL_SITE and site.name not in weight_sites:
-                columns += range(site.offset, site.stop)
-                self._names += [(site.name, i if site.numel > 1 else None)
-                                for i in range(site.numel)]
+        for site in sites:
+            columns += range(site.offset, site.stop)
+            self._names += [(site.name, i if site.numel > 1 else None) for i in range(site.numel)]
         self._columns = torch.tensor(columns, dtype=torch.long)
         self._kept: torch.Tensor | None = None  # (MAX_KEPT, [K,] summaries)
         self._num_kept = 0

@@ -58,6 +58,8 @@ import math
 
 import torch
 
+from pyro_flat.target.layout import FlatLayout, Site
+
 #: Sites with at most this many elements are monitored element by element.
 SMALL_SITE = 8
 #: SG steps per draw of the first warmup window, before any autocorrelation is known.
@@ -151,6 +153,13 @@ def network_weight_sites(model: object) -> set[str]:
     from pyro_flat.models.nn import pyro_sample_sites
 
     return {name for layer, name in pyro_sample_sites(model) if _is_torch_layer(layer)}
+
+
+def monitored_sites(layout: FlatLayout, model: object) -> list[Site]:
+    """The sites whose elements are monitored (see the module's text): at most
+    :data:`SMALL_SITE` elements, and not a network's weights."""
+    weights = network_weight_sites(model)
+    return [s for s in layout.sites if 0 < s.numel <= SMALL_SITE and s.name not in weights]
 
 
 def _is_torch_layer(layer: torch.nn.Module) -> bool:

@@ -384,9 +384,8 @@ class Warmup:
         self._thinning_at.append(warmup_steps)
 
     def _new_thinning(self) -> AutoThinning:
-        weights = thinning.network_weight_sites(self.kernel.model)
-        return AutoThinning([(s.offset, s.stop) for s in self.kernel.layout.sites
-                             if s.numel and s.name not in weights])
+        sites = thinning.monitored_sites(self.kernel.layout, self.kernel.model)
+        return AutoThinning([(s.offset, s.stop) for s in sites])
 
     def _end_thinning_window(self, step_before: float | None) -> None:
         k = self.kernel

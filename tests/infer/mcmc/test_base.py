@@ -310,7 +310,7 @@ def test_a_network_run_inside_the_plate_is_named(subsample_size):
     shape = 40 if subsample_size is None else subsample_size
     with pytest.raises(ValueError, match=(
             rf"(?s)the model raised RuntimeError.*'weight' \(shape \({shape}, 3, 1\), in "
-            r"plate 'data'\).*run it outside the plate")) as raised:
+            r"plate 'data'\).*run the network outside the plate")) as raised:
         harness.run(kernel, 1, 0, 0, x, y)
     assert isinstance(raised.value.__cause__, RuntimeError)
 

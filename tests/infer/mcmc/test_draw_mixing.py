@@ -125,7 +125,7 @@ def test_network_weights_are_not_monitored():
 
 
 def _ar1_mixing(a: float, draws: int, chains: int = 64) -> DrawMixing:
-    mixing = DrawMixing(FlatLayout.from_shapes({"scale": torch.Size([])}), set())
+    mixing = DrawMixing(FlatLayout.from_shapes({"scale": torch.Size([])}).sites)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(chains, 1, generator=g) / math.sqrt(1 - a * a)  # the stationary law
     for _ in range(draws):
