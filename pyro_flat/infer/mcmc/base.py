@@ -45,6 +45,7 @@ from pyro_flat.infer.mcmc.divergence import DivergencePolicy, warn_if_blown_up
 from pyro_flat.infer.mcmc.draw_layout import DrawLayout
 from pyro_flat.infer.mcmc.draw_mixing import DrawMixing, warn_if_draws_mix_slowly
 from pyro_flat.infer.mcmc.estimators import MinibatchGradient
+from pyro_flat.infer.mcmc.momentum_watch import MomentumWatch, warn_if_momentum_ran_hot
 from pyro_flat.infer.mcmc.recorder import DrawRecorder
 from pyro_flat.infer.mcmc.run_target import chain_inits, model_run_target, user_run_target
 from pyro_flat.infer.mcmc.state import KernelState
@@ -431,6 +432,10 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         #: The summaries of the draws after warmup, whose ESS the run's end checks
         #: (:mod:`.draw_mixing`).
         self.draw_mixing = DrawMixing(monitored_sites(layout, self.model))
+        #: The momenta of the draws after warmup against their law (:mod:`.momentum_watch`;
+        #: ``None``: a kernel without one to watch).
+        self.momentum_watch = (MomentumWatch(k or 1, layout.size, z.device)
+                               if self.momentum_sd(1.0) is not None else None)
         #: Which chains' steps were non-finite, and when one must stop (:mod:`.divergence`).
         self.divergence = DivergencePolicy(k or 1, self.max_nonfinite_steps, z.device)
         defer = self.defer_finiteness_checks
@@ -500,6 +505,8 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         if self._draw >= self._warmup_steps:
             self._record_draw()
             self.draw_mixing.record(z)
+            if self.momentum_watch is not None:
+                self.momentum_watch.record(self.momentum_sd(self.current_step_size()))
         self._draw += 1
         self._last_flat = self.outward(self.draw_layout.copy(z, self.state))
         self._last_draw = self.draw_layout.views(self._last_flat)
@@ -580,6 +587,8 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
             self.warmup.warn_at_end()
             if not self.warmup.thinning_warned:
                 warn_if_draws_mix_slowly(type(self).__name__, self.draw_mixing.lowest_ess())
+            warn_if_momentum_ran_hot(type(self).__name__, self.momentum_watch,
+                                     self.layout.sites)
             self.checkpoints.end_run()
             stats = self.recorder.tensors(["diverging", "grad_norm"])
             if "diverging" not in stats or not len(stats["diverging"]):
@@ -684,6 +693,8 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
             deferred=self._defers_checks and not adapting)
         if warmup.watches_steps:
             warmup.after_step(self._last)
+        elif self.momentum_watch is not None and not self.in_warmup:
+            self.momentum_watch.after_step(self.state.momentum)
 
     def _record_draw(self) -> None:
         k = self.vectorized_chains or 1

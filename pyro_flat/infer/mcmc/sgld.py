@@ -94,17 +94,19 @@ class SGHMC(SGMCMCKernel):
     ----------
     friction : float
         :math:`C > 0`; ``step_size * friction / mass`` (the per-step momentum decay) must be in
-        ``(0, 1]``.
+        ``(0, 1]``. When warmup chooses the step size on a minibatched model it raises the
+        friction until the minibatch noise heats the chain by at most 5%
+        (:mod:`~pyro_flat.infer.mcmc.friction`; the chosen value is in
+        ``diagnostics()["gradient_noise"]``). A run reads the momentum against its law
+        :math:`\mathcal N(0, MT)` and warns when a step was unstable somewhere
+        (:mod:`~pyro_flat.infer.mcmc.momentum_watch`).
     mass : float
         Scalar mass :math:`M > 0`.
     noise_estimate : float
         :math:`\hat B \in [0, C]`, an estimate of the gradient-noise term (``0`` ignores it);
         gradient noise of variance :math:`s^2` per element is
-        :math:`\hat B = \epsilon s^2 / (2T)`. When warmup chooses the step size on a
-        minibatched model it also chooses :math:`\hat B` per coordinate from the measured
-        gradient noise and raises ``friction`` where :math:`\hat B` would exceed half of it
-        (:mod:`~pyro_flat.infer.mcmc.gradient_noise`); the chosen values are in
-        ``diagnostics()["gradient_noise"]``, and this argument is then not used.
+        :math:`\hat B = \epsilon s^2 / (2T)`. Subtracted from the injected noise as given:
+        warmup raises the friction instead of estimating it.
     **kwargs
         The arguments of :class:`SGMCMCKernel`.
 

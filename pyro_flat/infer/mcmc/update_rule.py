@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from pyro_flat.infer.mcmc import adaptation, gradient_noise
+from pyro_flat.infer.mcmc import adaptation, gradient_noise, momentum_watch
 from pyro_flat.infer.mcmc.estimators import Estimate
 from pyro_flat.infer.mcmc.friction import NoiseFriction
 from pyro_flat.infer.mcmc.state import KernelState, StateField
@@ -141,6 +141,20 @@ class UpdateRule:
     def momentum_friction(self) -> float | None:
         """The friction of an underdamped update (``None``: a Langevin update)."""
         return None
+
+    #: Whether a run reads the momentum against its law :math:`\mathcal N(0, MT)` for the
+    #: sign of an unstable step (:mod:`.momentum_watch`; L2E's meta-learned update does not
+    #: hold that law).
+    watches_momentum: bool = True
+
+    def momentum_sd(self, step_size: float) -> float | None:
+        """The stationary sd of a momentum coordinate of the underdamped update at
+        ``step_size`` (:func:`.momentum_watch.momentum_sd`); ``None``: no momentum to watch (a
+        Langevin update, ``temperature=0``, or ``watches_momentum = False``)."""
+        friction = self.momentum_friction()
+        if friction is None or not self.watches_momentum or not self.temperature > 0:
+            return None
+        return momentum_watch.momentum_sd(step_size, friction, self.mass, self.temperature)
 
     def noise_correction(self) -> float | torch.Tensor:
         r"""The update's gradient-noise correction :math:`\hat B` (0: none)."""

@@ -93,6 +93,7 @@ class Warmup:
         self._lowest_energy: torch.Tensor | None = None
         self.log: list[dict[str, Any]] = []
         self._estimate_at: list[int] = []
+        self._momentum_from = 0
         self._moment_sum: torch.Tensor | None = None
         self._moment_count: Any = 0
         self._metric_from_start = True
@@ -127,6 +128,9 @@ class Warmup:
                 "1 (a few hundred draws are usual) or an explicit step_size"
             )
         self._estimate_at = adaptation.estimate_points(warmup_steps)
+        # the momentum is read against its law once the start's energy is shed: from the
+        # second estimate on
+        self._momentum_from = int(adaptation.ESTIMATE_AT[1] * warmup_steps)
         if k.preconditioner == "diag" and warmup_steps < 4:
             raise ValueError(
                 f"preconditioner='diag' learns the metric from the gradients of warmup, but "
@@ -303,6 +307,8 @@ class Warmup:
                       "for the rest of warmup", type(k).__name__, k.draw_index, k.num_steps,
                       step)
             return
+        if self._momentum_ran_hot():
+            return
         energy = result.energy  # at the position the step started from, kept in last_finite
         if self._lowest is None:
             self._lowest = chains.last_finite.clone()
@@ -312,6 +318,37 @@ class Warmup:
         if bool(lower.any()):
             self._lowest[lower] = chains.last_finite[lower]
             self._lowest_energy[lower] = energy[lower]
+
+    def _momentum_ran_hot(self) -> bool:
+        """After a finite step: whether a chain's momentum is far beyond its law (an unstable
+        step, :mod:`.momentum_watch`); if so, put those chains back at their lowest-energy
+        position with no momentum and back off as after a non-finite step."""
+        k = self.kernel
+        watch = k.momentum_watch
+        sd = k.momentum_sd(self.step_size)
+        if watch is None or sd is None or k.draw_index < self._momentum_from:
+            return False
+        top, index = watch.excess(k.state.momentum, sd)
+        hot = top > watch.bound
+        if not bool(hot.any()):
+            return False
+        if self._lowest is not None:
+            known = hot & torch.isfinite(self._lowest_energy)
+            k.chains.position[known] = self._lowest[known]
+            k.chains.last_finite[known] = self._lowest[known]
+        k.state.momentum[hot] = 0.0
+        chain = int(top.argmax())
+        site = next(s.name for s in k.layout.sites
+                    if s.offset <= int(index[chain]) < s.stop)
+        step = NONFINITE_BACKOFF * self.step_size
+        self.step_size = self.step_bound = step
+        self.log.append({"draw": k.draw_index, "num_sg_steps": k.num_steps, "step_size": step,
+                         "after_hot_momentum": round(float(top[chain]), 1), "site": site})
+        _LOG.info("%s: warmup draw %d (SG step %d): the momentum of site %r is %.1f sds out "
+                  "(an unstable step); back to the lowest-energy position, step size %.4g from "
+                  "here on and at most that for the rest of warmup", type(k).__name__,
+                  k.draw_index, k.num_steps, site, float(top[chain]), step)
+        return True
 
     # ------------------------------------------------------------------ gradient noise
 

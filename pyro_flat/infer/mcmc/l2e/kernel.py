@@ -240,6 +240,7 @@ class L2E(SGMCMCKernel):
     #: The meta-learned drift was trained on minibatch gradients at the authors' step, where
     #: the minibatch noise is far above the injected noise by design: reported, not warned.
     warns_on_gradient_noise = False
+    watches_momentum = False  # its learned kinetic energy need not give r ~ N(0, MT)
 
     def momentum_friction(self) -> float:
         return self.friction
