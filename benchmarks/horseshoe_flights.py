@@ -65,12 +65,15 @@ def run(kernel_name: str, step: float | None, friction: float | None) -> dict:
     draws = matrix._chain_draws(mcmc)
     heldout = matrix.summarize_run(problem, draws)["heldout_lpd"]  # (chains, draws)
     watch = kernel.momentum_watch
+    flown = (heldout < FLIGHT).any(axis=1)
+    hot = None if watch is None else (watch.hot_draws > 0).cpu().numpy()
     log = mcmc.diagnostics().get("step_size_adaptation", {}).get("chain 0", [])
     return {
         "kernel": kernel_name, "given_step": step, "friction": friction,
         "step": kernel.base_step_size,
         "warmup_backoffs": sum("after_hot_momentum" in r for r in log),
-        "chains_flown": int((heldout < FLIGHT).any(axis=1).sum()),
+        "chains_flown": int(flown.sum()),
+        "flown_and_hot": None if watch is None else int((flown & hot).sum()),
         "chains_hot": None if watch is None else int((watch.hot_draws > 0).sum()),
         "largest_sds": None if watch is None else round(float(watch.worst.max()), 1),
         "warned": any("momentum was beyond" in str(w.message) for w in caught),
@@ -82,13 +85,14 @@ def main() -> None:
     ref = load_reference()["problems"]["horseshoe"]["statistics"]["heldout_lpd"]
     rows = []
     print(f"{'kernel':6} {'given':>6} {'friction':>8} {'step':>8} {'backoffs':>8} "
-          f"{'flown':>5} {'hot':>4} {'max sds':>7} {'warned':>6} {'heldout sd':>10}")
+          f"{'flown':>5} {'hot':>4} {'both':>4} {'max sds':>7} {'warned':>6} {'heldout sd':>10}")
     for config in CONFIGS:
         r = run(*config)
         rows.append(r)
         print(f"{r['kernel']:6} {r['given_step'] or 'auto':>6} {r['friction'] or '-':>8} "
               f"{r['step']:8.4f} {r['warmup_backoffs']:>8} {r['chains_flown']:>3}/{CHAINS} "
               f"{r['chains_hot'] if r['chains_hot'] is not None else '-':>4} "
+              f"{r['flown_and_hot'] if r['flown_and_hot'] is not None else '-':>4} "
               f"{r['largest_sds'] if r['largest_sds'] is not None else '-':>7} "
               f"{str(r['warned']):>6} {r['heldout_sd']:10.4f}", flush=True)
     meta = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
@@ -103,15 +107,16 @@ def main() -> None:
              f"{DRAWS} draws of {THIN} SG steps, seed {SEED}. *Flown*: chains with a draw "
              f"whose held-out log density per point is below {FLIGHT} (NUTS: "
              f"{ref['mean']:.3f}, sd {ref['sd']:.3f}). *Hot*: chains whose momentum the watch "
-             "read beyond its bound.", "",
+             "read beyond its bound; *both*: chains that flew and were read as hot.", "",
              "| kernel | given step | friction | step | warmup back-offs | flown | hot | "
-             "largest momentum (sds) | warned | held-out sd |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "flown and hot | largest momentum (sds) | warned | held-out sd |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['kernel']} | {r['given_step'] or 'adapted'} | "
                      f"{r['friction'] or '-'} | {r['step']:.4f} | {r['warmup_backoffs']} | "
                      f"{r['chains_flown']}/{CHAINS} | "
                      f"{'-' if r['chains_hot'] is None else r['chains_hot']} | "
+                     f"{'-' if r['flown_and_hot'] is None else r['flown_and_hot']} | "
                      f"{'-' if r['largest_sds'] is None else r['largest_sds']} | "
                      f"{r['warned']} | {r['heldout_sd']:.4f} |")
     (out / "horseshoe_flights.md").write_text("\n".join(lines) + "\n")

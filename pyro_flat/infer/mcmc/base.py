@@ -506,7 +506,8 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
             self._record_draw()
             self.draw_mixing.record(z)
             if self.momentum_watch is not None:
-                self.momentum_watch.record(self.momentum_sd(self.current_step_size()))
+                self.momentum_watch.record(self.state.momentum,
+                                           self.momentum_sd(self.current_step_size()))
         self._draw += 1
         self._last_flat = self.outward(self.draw_layout.copy(z, self.state))
         self._last_draw = self.draw_layout.views(self._last_flat)

@@ -40,8 +40,8 @@ Examples
 >>> watch = MomentumWatch(num_chains=2, dim=18)
 >>> momentum = torch.zeros(2, 18); momentum[1, 3] = 24.0  # chain 1 thrown far out
 >>> watch.after_step(momentum)  # at an SG step
->>> watch.after_step(torch.zeros(2, 18))  # a later step of the same draw
->>> watch.record(sd=1.0)  # the draw
+>>> momentum *= 0.5; watch.after_step(momentum)  # a later step of the same draw
+>>> watch.record(momentum, sd=1.0)  # the draw
 >>> watch.hot_draws.tolist(), watch.worst.tolist(), watch.worst_index.tolist()
 ([0, 1], [0.0, 24.0], [0, 3])
 
@@ -99,7 +99,8 @@ class MomentumWatch:
     worst : torch.Tensor
         ``(K,)``: each chain's largest ``|r_i| / sd``.
     worst_index : torch.Tensor
-        ``(K,)``: the coordinate where it was.
+        ``(K,)``: the coordinate whose momentum was largest at the end of that draw (the SG
+        steps keep only the largest value, which costs one reduction a step).
     num_draws : int
         The draws read.
     """
@@ -110,7 +111,6 @@ class MomentumWatch:
         self.worst = torch.zeros(num_chains, device=device)
         self.worst_index = torch.zeros(num_chains, dtype=torch.long, device=device)
         self._largest = torch.zeros(num_chains, device=device)
-        self._largest_index = torch.zeros(num_chains, dtype=torch.long, device=device)
         self.num_draws = 0
 
     def excess(self, momentum: torch.Tensor, sd: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,21 +120,20 @@ class MomentumWatch:
 
     def after_step(self, momentum: torch.Tensor) -> None:
         """Keep the largest ``|r_i|`` of each chain (``momentum``: ``(K, d)``) since the last
-        draw; no host synchronisation."""
-        top, index = momentum.detach().abs().max(-1)
-        top = top.float()
-        higher = top > self._largest
-        self._largest = torch.where(higher, top, self._largest)
-        self._largest_index = torch.where(higher, index, self._largest_index)
+        draw; no host synchronisation (one reduction: its coordinate is read at the draw)."""
+        torch.maximum(self._largest, momentum.detach().abs().amax(-1).float(),
+                      out=self._largest)
 
-    def record(self, sd: float) -> None:
-        """Close a draw: count its chains whose largest ``|r_i|`` was beyond ``bound * sd``;
-        no host synchronisation."""
+    def record(self, momentum: torch.Tensor, sd: float) -> None:
+        """Close a draw: count its chains whose largest ``|r_i|`` was beyond ``bound * sd``,
+        and keep, for the hottest draw, the coordinate where the momentum (``(K, d)``) is
+        largest at the draw; no host synchronisation."""
         top = self._largest / sd
         self.hot_draws += (top > self.bound).long()
         higher = top > self.worst
         self.worst = torch.where(higher, top, self.worst)
-        self.worst_index = torch.where(higher, self._largest_index, self.worst_index)
+        index = momentum.detach().abs().max(-1).indices
+        self.worst_index = torch.where(higher, index, self.worst_index)
         self._largest.zero_()
         self.num_draws += 1
 
@@ -159,10 +158,11 @@ def warn_if_momentum_ran_hot(kernel_name: str, watch: MomentumWatch | None,
              f"({sum(h > 0 for h in hot)} of {len(hot)} chains)")
     warnings.warn(
         f"{kernel_name}: at {which} the momentum was beyond {watch.bound:.1f} sds of its law "
-        f"(up to {float(watch.worst[chain]):.0f} sds, site {site!r}"
-        + (f", chain {chain}" if len(hot) > 1 else "") + "): a step was unstable in a part of "
-        "the posterior stiffer than warmup measured and the momentum carried the chain far from "
-        "where it should be, or the chain had not shed its start's energy when warmup ended; "
-        "the draws near those are biased. Give a smaller step_size (or stability_fraction), a "
-        "larger friction, or a longer warmup",
+        f"(up to {float(watch.worst[chain]):.0f} sds"
+        + (f" in chain {chain}" if len(hot) > 1 else "")
+        + f"; at the end of that draw it was largest in site {site!r}): a step was unstable "
+        "in a part of the posterior stiffer than warmup measured and the momentum carried the "
+        "chain far from where it should be, or the chain had not shed its start's energy when "
+        "warmup ended; the draws near those are biased. Give a smaller step_size (or "
+        "stability_fraction), a larger friction, or a longer warmup",
         RuntimeWarning, stacklevel=3)
