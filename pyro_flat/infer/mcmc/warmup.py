@@ -289,23 +289,13 @@ class Warmup:
 
     def after_step(self, result: Any) -> None:
         """Watch an SG step of warmup (:class:`~.stepper.StepResult`): remember each chain's
-        lowest-energy position; after a non-finite step put the chains that took it back there
-        and back off (see the module)."""
+        lowest-energy position; after a non-finite step, or one that threw a chain's momentum
+        far beyond its law, put the chains that took it back there and back off (see the
+        module)."""
         k = self.kernel
         chains = k.chains
         if result.finite is not None:
-            bad = ~result.finite
-            if self._lowest is not None:
-                known = bad & torch.isfinite(self._lowest_energy)
-                chains.position[known] = self._lowest[known]
-            step = NONFINITE_BACKOFF * self.step_size
-            self.step_size = self.step_bound = step
-            self.log.append({"draw": k.draw_index, "num_sg_steps": k.num_steps,
-                             "step_size": step, "after_nonfinite_step": True})
-            _LOG.info("%s: warmup draw %d (SG step %d): a non-finite step; back to the "
-                      "lowest-energy position, step size %.4g from here on and at most that "
-                      "for the rest of warmup", type(k).__name__, k.draw_index, k.num_steps,
-                      step)
+            self._back_off(~result.finite, {"after_nonfinite_step": True}, "a non-finite step")
             return
         if self._momentum_ran_hot():
             return
@@ -321,8 +311,8 @@ class Warmup:
 
     def _momentum_ran_hot(self) -> bool:
         """After a finite step: whether a chain's momentum is far beyond its law (an unstable
-        step, :mod:`.momentum_watch`); if so, put those chains back at their lowest-energy
-        position with no momentum and back off as after a non-finite step."""
+        step, :mod:`.momentum_watch`, read from the second estimate on); if so, those chains
+        also lose their momentum and warmup backs off."""
         k = self.kernel
         watch = k.momentum_watch
         sd = k.momentum_sd(self.step_size)
@@ -332,23 +322,28 @@ class Warmup:
         hot = top > watch.bound
         if not bool(hot.any()):
             return False
-        if self._lowest is not None:
-            known = hot & torch.isfinite(self._lowest_energy)
-            k.chains.position[known] = self._lowest[known]
-            k.chains.last_finite[known] = self._lowest[known]
         k.state.momentum[hot] = 0.0
         chain = int(top.argmax())
-        site = next(s.name for s in k.layout.sites
-                    if s.offset <= int(index[chain]) < s.stop)
+        site = next(s.name for s in k.layout.sites if s.offset <= int(index[chain]) < s.stop)
+        self._back_off(hot, {"after_hot_momentum": round(float(top[chain]), 1), "site": site},
+                       f"the momentum of site {site!r} {float(top[chain]):.1f} sds out")
+        return True
+
+    def _back_off(self, chains_hit: torch.Tensor, record: dict[str, Any], what: str) -> None:
+        """Put the chains ``chains_hit`` back at their lowest-energy positions and halve the
+        step, the bound for the rest of warmup; log it with ``record``."""
+        k = self.kernel
+        if self._lowest is not None:
+            known = chains_hit & torch.isfinite(self._lowest_energy)
+            k.chains.position[known] = self._lowest[known]
+            k.chains.last_finite[known] = self._lowest[known]
         step = NONFINITE_BACKOFF * self.step_size
         self.step_size = self.step_bound = step
         self.log.append({"draw": k.draw_index, "num_sg_steps": k.num_steps, "step_size": step,
-                         "after_hot_momentum": round(float(top[chain]), 1), "site": site})
-        _LOG.info("%s: warmup draw %d (SG step %d): the momentum of site %r is %.1f sds out "
-                  "(an unstable step); back to the lowest-energy position, step size %.4g from "
-                  "here on and at most that for the rest of warmup", type(k).__name__,
-                  k.draw_index, k.num_steps, site, float(top[chain]), step)
-        return True
+                         **record})
+        _LOG.info("%s: warmup draw %d (SG step %d): %s; back to the lowest-energy position, "
+                  "step size %.4g from here on and at most that for the rest of warmup",
+                  type(k).__name__, k.draw_index, k.num_steps, what, step)
 
     # ------------------------------------------------------------------ gradient noise
 
