@@ -42,7 +42,7 @@ CHAINS, WARMUP, DRAWS, THIN, SEED = 16, 100, 200, 50, 11
 FLIGHT = -0.55
 CONFIGS = (
     ("SGHMC", 0.02, 1.0), ("SGHMC", 0.02, 10.0), ("SGHMC", 0.01, 1.0), ("SGHMC", 0.01, 10.0),
-    ("SGHMC", None, 1.0), ("SGLD", None, None),
+    ("SGHMC", None, 1.0), ("SGHMC", None, 13.0), ("SGLD", None, None),
 )
 
 

@@ -541,6 +541,8 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
             out["sample_stats"] = {}
             out["sample_stats_in"] = self.recorder.released_to
         out.update(self.warmup.diagnostics())
+        if self.momentum_watch is not None and self.momentum_watch.num_draws:
+            out["momentum_watch"] = self.momentum_watch.as_dict()
         if self.compilation is not None:
             out["compile"] = self.compilation.as_dict()
         if self.vectorized_chains is not None:

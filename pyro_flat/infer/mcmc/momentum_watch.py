@@ -26,10 +26,10 @@ negligible probability, so :class:`MomentumWatch` reads it as the sign of an uns
   its momentum at zero, and the step size halved, as after a non-finite step
   (:mod:`~pyro_flat.infer.mcmc.warmup`);
 - after warmup each SG step keeps each chain's largest :math:`|r_i|` on the device (no host
-  synchronisation), each draw reads it, and a run with hot draws warns at its end, naming the
-  site and how far out it was. (Read only at the draws, the momentum misses the damage: the
-  flight takes a few dozen steps, and the chain then climbs back slowly with an ordinary
-  momentum.)
+  synchronisation), each draw reads it (``diagnostics()["momentum_watch"]``), and a run with
+  hot draws warns at its end, naming the site and how far out it was. (Read only at the
+  draws, the momentum misses the damage: the flight takes a few dozen steps, and the chain
+  then climbs back slowly with an ordinary momentum.)
 
 Examples
 --------
@@ -117,6 +117,13 @@ class MomentumWatch:
         """Each chain's largest ``|r_i| / sd`` and its coordinate (``momentum``: ``(K, d)``)."""
         top, index = momentum.detach().abs().max(-1)
         return top.float() / sd, index
+
+    def as_dict(self) -> dict[str, object]:
+        """For ``diagnostics()["momentum_watch"]``: the bound (sds), the draws read, and per
+        chain the hot draws and the largest momentum (sds)."""
+        return {"bound": self.bound, "num_draws": self.num_draws,
+                "hot_draws": self.hot_draws.tolist(),
+                "largest": [round(x, 2) for x in self.worst.tolist()]}
 
     def after_step(self, momentum: torch.Tensor) -> None:
         """Keep the largest ``|r_i|`` of each chain (``momentum``: ``(K, d)``) since the last

@@ -81,9 +81,11 @@ def test_an_unstable_step_warns_naming_its_site(kernel_class):
     extra = {"dynamics": "underdamped", "rho": 0.01} if kernel_class is SASGLD else {}
     kernel = kernel_class(_stiff_model, step_size=0.2, friction=1.0, num_steps_per_sample=5,
                           **extra)
-    _, hot = _run(kernel, warmup=20, draws=50)
+    mcmc, hot = _run(kernel, warmup=20, draws=50)
     assert len(hot) == 1 and "largest in site 'stiff'" in hot[0], hot
-    assert int(kernel.momentum_watch.hot_draws.sum()) > 0
+    report = mcmc.diagnostics()["momentum_watch"]["chain 0"]
+    assert report["num_draws"] == 50 and report["hot_draws"][0] > 0
+    assert report["largest"][0] > report["bound"]
 
 
 def test_a_stable_step_does_not_warn():
