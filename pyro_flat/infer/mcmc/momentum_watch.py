@@ -22,9 +22,9 @@ negligible probability, so :class:`MomentumWatch` reads it as the sign of an uns
   :math:`b = \sqrt{2 \log(2 d / p)}`, :math:`d` the coordinates and :math:`p` =
   :data:`FALSE_ALARM` (the chance that any of :math:`d` stationary normal coordinates is beyond
   :math:`b` is at most :math:`p`);
-- in warmup every SG step is checked: a hot chain is put back where its energy was lowest,
-  its momentum at zero, and the step size halved, as after a non-finite step
-  (:mod:`~pyro_flat.infer.mcmc.warmup`);
+- in warmup, once its first quarter has shed the start's energy, every SG step is checked: a
+  hot chain is put back where its energy was lowest, its momentum at zero, and the step size
+  halved, as after a non-finite step (:mod:`~pyro_flat.infer.mcmc.warmup`);
 - after warmup each SG step keeps each chain's largest :math:`|r_i|` on the device (no host
   synchronisation), each draw reads it (``diagnostics()["momentum_watch"]``), and a run with
   hot draws warns at its end, naming the site and how far out it was. (Read only at the

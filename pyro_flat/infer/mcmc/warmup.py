@@ -29,8 +29,11 @@ chain's step is not finite it puts that chain back there (not at its last finite
 which is already far out) and multiplies the step by :data:`NONFINITE_BACKOFF`; no later
 estimate of warmup chooses more than that: a step seen to blow a chain up is not taken again.
 Each backoff is a record of ``diagnostics()["step_size_adaptation"]`` marked
-``"after_nonfinite_step"``. After warmup the step is fixed, and a chain whose steps keep being
-non-finite stops with the divergence error.
+``"after_nonfinite_step"``. An underdamped chain whose momentum a finite step threw far
+beyond its law (an unstable step, :mod:`.momentum_watch`; watched from the second estimate on,
+once the start's energy is shed) backs off the same way, with a record marked
+``"after_hot_momentum"`` that names the site. After warmup the step is fixed, and a chain whose
+steps keep being non-finite stops with the divergence error.
 """
 
 from __future__ import annotations
