@@ -16,7 +16,9 @@ pulled back; an underdamped chain's momentum keeps the energy the unstable step 
 carries the scales far away (:math:`\tau` to zero, every coefficient with it) for as long as
 the friction takes to dissipate it. The draws stay finite, and the run would be silently
 wrong. Such a momentum is tens of :math:`\sigma_r` out, where a chain at stationarity is with
-negligible probability, so :class:`MomentumWatch` reads it as the sign of an unstable step:
+negligible probability, so :class:`MomentumWatch` reads it as the sign of an unstable step (or
+of a chain far hotter than its temperature for another reason: minibatch noise far above the
+injected noise, which has its own warning, or a start's energy not yet shed):
 
 - a coordinate is *hot* when :math:`|r_i| > b\,\sigma_r` with
   :math:`b = \sqrt{2 \log(2 d / p)}`, :math:`d` the coordinates and :math:`p` =
@@ -169,7 +171,8 @@ def warn_if_momentum_ran_hot(kernel_name: str, watch: MomentumWatch | None,
         + (f" in chain {chain}" if len(hot) > 1 else "")
         + f"; at the end of that draw it was largest in site {site!r}): a step was unstable "
         "in a part of the posterior stiffer than warmup measured and the momentum carried the "
-        "chain far from where it should be, or the chain had not shed its start's energy when "
-        "warmup ended; the draws near those are biased. Give a smaller step_size (or "
-        "stability_fraction), a larger friction, or a longer warmup",
+        "chain far from where it should be, or minibatch gradient noise far above the "
+        "injected noise heats the chain (its own warning says so), or the chain had not shed "
+        "its start's energy when warmup ended; the draws near those are biased. Give a "
+        "smaller step_size (or stability_fraction), a larger friction, or a longer warmup",
         RuntimeWarning, stacklevel=3)
