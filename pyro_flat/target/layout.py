@@ -109,3 +109,7 @@ class FlatLayout:
         return [
             s.name for s in self.sites if not bool(torch.isfinite(flat[s.offset : s.stop]).all())
         ]
+
+    def site_at(self, index: int) -> str:
+        """The name of the site whose slice of the flat vector holds element ``index``."""
+        return next(s.name for s in self.sites if s.offset <= index < s.stop)

@@ -590,8 +590,7 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
             self.warmup.warn_at_end()
             if not self.warmup.thinning_warned:
                 warn_if_draws_mix_slowly(type(self).__name__, self.draw_mixing.lowest_ess())
-            warn_if_momentum_ran_hot(type(self).__name__, self.momentum_watch,
-                                     self.layout.sites)
+            warn_if_momentum_ran_hot(type(self).__name__, self.momentum_watch, self.layout)
             self.checkpoints.end_run()
             stats = self.recorder.tensors(["diverging", "grad_norm"])
             if "diverging" not in stats or not len(stats["diverging"]):

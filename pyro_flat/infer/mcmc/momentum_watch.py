@@ -61,7 +61,7 @@ import warnings
 
 import torch
 
-from pyro_flat.target.layout import Site
+from pyro_flat.target.layout import FlatLayout
 
 __all__ = ["FALSE_ALARM", "MomentumWatch", "hot_bound", "momentum_sd", "warn_if_momentum_ran_hot"]
 
@@ -147,12 +147,8 @@ class MomentumWatch:
         self.num_draws += 1
 
 
-def _site_of(sites: tuple[Site, ...] | list[Site], index: int) -> str:
-    return next((s.name for s in sites if s.offset <= index < s.stop), "?")
-
-
 def warn_if_momentum_ran_hot(kernel_name: str, watch: MomentumWatch | None,
-                             sites: tuple[Site, ...] | list[Site]) -> None:
+                             layout: FlatLayout) -> None:
     """Warn when any chain had draws with a hot momentum (names the site, the draws and how far
     out, in sds)."""
     if watch is None or not watch.num_draws:
@@ -161,7 +157,7 @@ def warn_if_momentum_ran_hot(kernel_name: str, watch: MomentumWatch | None,
     if not any(hot):
         return
     chain = max(range(len(hot)), key=lambda c: float(watch.worst[c]))
-    site = _site_of(sites, int(watch.worst_index[chain]))
+    site = layout.site_at(int(watch.worst_index[chain]))
     which = (f"{hot[0]} of {watch.num_draws} draws" if len(hot) == 1 else
              f"{sum(hot)} of {watch.num_draws * len(hot)} chain-draws "
              f"({sum(h > 0 for h in hot)} of {len(hot)} chains)")

@@ -327,7 +327,7 @@ class Warmup:
             return False
         k.state.momentum[hot] = 0.0
         chain = int(top.argmax())
-        site = next(s.name for s in k.layout.sites if s.offset <= int(index[chain]) < s.stop)
+        site = k.layout.site_at(int(index[chain]))
         self._back_off(hot, {"after_hot_momentum": round(float(top[chain]), 1), "site": site},
                        f"the momentum of site {site!r} {float(top[chain]):.1f} sds out")
         return True
@@ -372,7 +372,7 @@ class Warmup:
             return
         ratio, excess = k.gradient_noise_terms(self._gradient_variance, step)
         worst = int(excess.reshape(-1, excess.shape[-1]).max(0).values.argmax())
-        site = next(s.name for s in k.layout.sites if s.offset <= worst < s.stop)
+        site = k.layout.site_at(worst)
         record = {"draw": k.draw_index, "num_sg_steps": k.num_steps, "step_size": step,
                   "noise_ratio": float(ratio.max()),
                   "median_noise_ratio": float(ratio.median()),
