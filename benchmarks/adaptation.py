@@ -31,6 +31,10 @@ come from::
     python benchmarks/adaptation.py --problems hetero --methods SGLD --thin 200 \
         --stability-fraction 0.1
     python benchmarks/adaptation.py --problems diabetes --methods SGHMC --thin 250
+    python benchmarks/adaptation.py --methods SGHMC --friction 1    # the old default friction
+
+SGHMC's rows before its default friction became the one of a momentum decay of 0.1 per step
+ran at friction 1 (the friction column says which; ``--friction`` gives one).
     python benchmarks/adaptation.py --problems diabetes --methods SGLD --thin 1000
 
 (``--cache DIR`` keeps each run's draws as netCDF and reuses them). NUTS takes about 12 minutes
@@ -95,7 +99,7 @@ def build(problem: str, seed: int, subsample_size: int | None) -> BNN:
 
 
 def kernel_for(method: str, model: BNN, thin: int, fraction: float = 0.2,
-               preconditioner: str | None = "diag"):
+               preconditioner: str | None = "diag", friction: float | None = None):
     if method == "NUTS":
         return NUTS(model, max_tree_depth=8, jit_compile=True, ignore_jit_warnings=True)
     if method == "SGLD":
@@ -103,7 +107,7 @@ def kernel_for(method: str, model: BNN, thin: int, fraction: float = 0.2,
                     stability_fraction=fraction)
     if method == "SGHMC":
         return SGHMC(model, preconditioner=preconditioner, num_steps_per_sample=thin,
-                     stability_fraction=fraction)
+                     stability_fraction=fraction, friction=friction)
     if method == "EntropyMCMC":
         return EntropyMCMC(model, eta=0.1, num_steps_per_sample=thin, stability_fraction=fraction)
     raise ValueError(method)
@@ -129,15 +133,16 @@ def noise_scale(problem: str, model: BNN, idata, x: torch.Tensor) -> np.ndarray:
 
 def run(problem: str, method: str, chains: int, warmup: int, draws: int, thin: int,
         subsample_size: int | None, cache: Path | None = None, fraction: float = 0.2,
-        preconditioner: str | None = "diag") -> dict:
+        preconditioner: str | None = "diag", friction: float | None = None) -> dict:
     data, *_ = PROBLEMS[problem]
     x, y = data()
-    parts, seconds, steps = [], 0.0, []
+    parts, seconds, steps, frictions = [], 0.0, [], []
     stored = None if cache is None else cache / (
         f"{problem}-{method}-{chains}x{draws}" + ("" if method == "NUTS" else f"-thin{thin}")
         + ("" if subsample_size is None else f"-b{subsample_size}")
         + ("" if fraction == 0.2 or method == "NUTS" else f"-f{fraction}")
-        + ("" if preconditioner == "diag" or method == "NUTS" else f"-{preconditioner}") + ".nc")
+        + ("" if preconditioner == "diag" or method == "NUTS" else f"-{preconditioner}")
+        + ("" if friction is None or method != "SGHMC" else f"-c{friction:g}") + ".nc")
     if stored is not None and stored.exists():  # e.g. the NUTS reference of an earlier run
         idata = az.from_netcdf(stored)
         seconds = float(idata.attrs.get("seconds", math.nan))
@@ -146,13 +151,16 @@ def run(problem: str, method: str, chains: int, warmup: int, draws: int, thin: i
     for c in range(chains):
         pyro.set_rng_seed(100 + c)
         model = build(problem, c, None if method == "NUTS" else subsample_size)
-        kernel = kernel_for(method, model, thin, fraction, preconditioner)
+        kernel = kernel_for(method, model, thin, fraction, preconditioner, friction)
         mcmc = MCMC(kernel, num_samples=draws, warmup_steps=warmup, disable_progbar=True)
         start = time.perf_counter()
         mcmc.run(x, y)
         seconds += time.perf_counter() - start
         if method != "NUTS":
-            steps.append(mcmc.diagnostics()["step_size_adaptation"]["chain 0"][-1]["step_size"])
+            last = mcmc.diagnostics()["step_size_adaptation"]["chain 0"][-1]
+            steps.append(last["step_size"])
+            if "friction" in last:
+                frictions.append(last["friction"])
         idata = to_arviz(mcmc, model=build(problem, c, None), model_args=(x, y))
         parts.append(idata)
     if parts:
@@ -168,7 +176,7 @@ def run(problem: str, method: str, chains: int, warmup: int, draws: int, thin: i
     return {"idata": idata, "loo_i": np.asarray(loo.loo_i).ravel(), "ess_noise": ess,
             "ess_share": ess / scale.size,
             "max_k": float(np.max(np.asarray(loo.pareto_k))), "seconds": seconds,
-            "step_size": steps, "noise_mean": float(scale.mean())}
+            "step_size": steps, "friction": frictions, "noise_mean": float(scale.mean())}
 
 
 def main() -> None:
@@ -187,6 +195,8 @@ def main() -> None:
                         help="the kernels' stability_fraction (their default: 0.2)")
     parser.add_argument("--preconditioner", default="diag", type=lambda v: None if v == "none"
                         else v, help="'diag' (default) or 'none' (SGLD and SGHMC)")
+    parser.add_argument("--friction", type=float, default=None,
+                        help="SGHMC's friction (default: its own, a momentum decay of 0.1)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
@@ -199,7 +209,8 @@ def main() -> None:
         for method in args.methods:
             results[method] = run(problem, method, args.chains, args.warmup, args.draws,
                                   args.thin, args.subsample_size, args.cache,
-                                  args.stability_fraction, args.preconditioner)
+                                  args.stability_fraction, args.preconditioner,
+                                  args.friction)
             r = results[method]
             print(f"{problem} {method}: {r['seconds']:.0f} s, ESS share {r['ess_share']:.2f}",
                   flush=True)
@@ -213,6 +224,9 @@ def main() -> None:
                 "ess_noise_bulk": r["ess_noise"], "ess_share": r["ess_share"],
                 "max_pareto_k": r["max_k"], "noise_scale_mean": r["noise_mean"],
                 "adapted_step_size": r["step_size"], "seconds": r["seconds"],
+                "friction": (None if method != "SGHMC" else
+                             "default" if args.friction is None else args.friction),
+                "adapted_friction": r["friction"],
                 "chains": args.chains, "warmup": args.warmup, "draws": args.draws,
                 "thin": None if method == "NUTS" else args.thin,
                 "stability_fraction": None if method == "NUTS" else args.stability_fraction,
@@ -239,7 +253,8 @@ def _reference(problem: str, results: dict, quick: bool) -> np.ndarray:
 
 def _key(row: dict) -> tuple:
     return (row["problem"], row["method"], row.get("thin"), row.get("subsample_size"),
-            row.get("stability_fraction", 0.2), row.get("preconditioner", "diag"))
+            row.get("stability_fraction", 0.2), row.get("preconditioner", "diag"),
+            row.get("friction"))
 
 
 def _difference(loo_i: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
@@ -261,24 +276,29 @@ def _write(rows: list[dict], args: argparse.Namespace) -> None:
     path.write_text(json.dumps({"settings": settings, "rows": rows}, indent=1))
     head = ("| problem | method | elpd_loo | diff to NUTS (dse) | within 2 dse | bulk ESS of "
             "noise / draws | max Pareto k | noise scale | SG steps per draw | fraction | metric | "
-            "adapted step | seconds |")
-    lines = [head, "|" + "---|" * 13]
+            "adapted step | friction | seconds |")
+    lines = [head, "|" + "---|" * 14]
     for r in rows:
         steps = ", ".join(f"{s:.2e}" for s in r["adapted_step_size"]) or "NUTS"
+        friction = r.get("friction")
+        if friction == "default":
+            chosen = ", ".join(f"{c:.3g}" for c in r.get("adapted_friction") or [])
+            friction = f"default ({chosen})"
         lines.append(
             f"| {r['problem']} | {r['method']} | {r['elpd_loo']:.1f} | "
             f"{r['elpd_diff_to_nuts']:+.1f} ({r['dse']:.1f}) | {r['within_2_dse']} | "
             f"{r['ess_noise_bulk']:.0f} / {r['ess_share']:.2f} | {r['max_pareto_k']:.2f} | "
             f"{r['noise_scale_mean']:.3f} | {r.get('thin') or '-'} | "
             f"{r.get('stability_fraction') or '-'} | {r.get('preconditioner') or '-'} | {steps} | "
-            f"{r['seconds']:.0f} |")
+            f"{friction if friction is not None else '-'} | {r['seconds']:.0f} |")
     text = "\n".join(lines)
     print(text)
     (RESULTS / f"{name}.md").write_text(
         "# Warmup step-size adaptation against NUTS\n\n"
         "Rows from `python benchmarks/adaptation.py` (each row's chains, warmup, draws and SG "
         f"steps per draw are in `{name}.json`); the last invocation: {settings}. Adapted step: "
-        "the step size warmup chose, per chain.\n\n" + text + "\n")
+        "the step size warmup chose, per chain; friction: SGHMC's, given or `default` (the "
+        "one of a momentum decay of 0.1 per step, as chosen per chain).\n\n" + text + "\n")
 
 
 if __name__ == "__main__":

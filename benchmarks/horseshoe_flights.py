@@ -8,7 +8,9 @@ steps each), and counts the chains that *flew*: at some draw the held-out log pr
 density per point was below -0.55 (NUTS: -0.419, sd 0.020), i.e. ``tau`` near zero and every
 coefficient with it. Beside it: the chains whose momentum the watch read as hot, the largest
 momentum in sds, whether the run warned, and the held-out density's sd over all draws against
-NUTS's. SGLD at the step it adapts is the overdamped contrast.
+NUTS's. SGLD at the step it adapts is the overdamped contrast. A friction of ``default`` is
+SGHMC's when none is given: the one at which the momentum decays by 0.1 per step at the step
+(chosen with the adapted step in warmup); the friction column gives the value in force.
 
 Example::
 
@@ -42,7 +44,8 @@ CHAINS, WARMUP, DRAWS, THIN, SEED = 16, 100, 200, 50, 11
 FLIGHT = -0.55
 CONFIGS = (
     ("SGHMC", 0.02, 1.0), ("SGHMC", 0.02, 10.0), ("SGHMC", 0.01, 1.0), ("SGHMC", 0.01, 10.0),
-    ("SGHMC", None, 1.0), ("SGHMC", None, 13.0), ("SGLD", None, None),
+    ("SGHMC", None, 1.0), ("SGHMC", None, 13.0), ("SGHMC", 0.01, None), ("SGHMC", None, None),
+    ("SGLD", None, None),
 )
 
 
@@ -69,8 +72,8 @@ def run(kernel_name: str, step: float | None, friction: float | None) -> dict:
     hot = None if watch is None else (watch.hot_draws > 0).cpu().numpy()
     log = mcmc.diagnostics().get("step_size_adaptation", {}).get("chain 0", [])
     return {
-        "kernel": kernel_name, "given_step": step, "friction": friction,
-        "step": kernel.base_step_size,
+        "kernel": kernel_name, "given_step": step, "given_friction": friction,
+        "friction": getattr(kernel, "friction", None), "step": kernel.base_step_size,
         "warmup_backoffs": sum("after_hot_momentum" in r for r in log),
         "chains_flown": int(flown.sum()),
         "flown_and_hot": None if watch is None else int((flown & hot).sum()),
@@ -81,15 +84,24 @@ def run(kernel_name: str, step: float | None, friction: float | None) -> dict:
     }
 
 
+def _friction(row: dict) -> str:
+    """The friction column: the given value, or ``default`` and the value in force."""
+    if row["friction"] is None:
+        return "-"
+    if row["given_friction"] is not None:
+        return f"{row['given_friction']:g}"
+    return f"default ({row['friction']:.3g})"
+
+
 def main() -> None:
     ref = load_reference()["problems"]["horseshoe"]["statistics"]["heldout_lpd"]
     rows = []
-    print(f"{'kernel':6} {'given':>6} {'friction':>8} {'step':>8} {'backoffs':>8} "
+    print(f"{'kernel':6} {'given':>6} {'friction':>16} {'step':>8} {'backoffs':>8} "
           f"{'flown':>5} {'hot':>4} {'both':>4} {'max sds':>7} {'warned':>6} {'heldout sd':>10}")
     for config in CONFIGS:
         r = run(*config)
         rows.append(r)
-        print(f"{r['kernel']:6} {r['given_step'] or 'auto':>6} {r['friction'] or '-':>8} "
+        print(f"{r['kernel']:6} {r['given_step'] or 'auto':>6} {_friction(r):>16} "
               f"{r['step']:8.4f} {r['warmup_backoffs']:>8} {r['chains_flown']:>3}/{CHAINS} "
               f"{r['chains_hot'] if r['chains_hot'] is not None else '-':>4} "
               f"{r['flown_and_hot'] if r['flown_and_hot'] is not None else '-':>4} "
@@ -113,7 +125,7 @@ def main() -> None:
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['kernel']} | {r['given_step'] or 'adapted'} | "
-                     f"{r['friction'] or '-'} | {r['step']:.4f} | {r['warmup_backoffs']} | "
+                     f"{_friction(r)} | {r['step']:.4f} | {r['warmup_backoffs']} | "
                      f"{r['chains_flown']}/{CHAINS} | "
                      f"{'-' if r['chains_hot'] is None else r['chains_hot']} | "
                      f"{'-' if r['flown_and_hot'] is None else r['flown_and_hot']} | "

@@ -14,15 +14,15 @@ from pyro_flat import validation
 from pyro_flat.infer.mcmc import adaptation
 
 DYNAMICS = ("langevin", "underdamped")
-#: The friction of the underdamped form when none is given (SGHMC's default).
-DEFAULT_FRICTION = 1.0
 
 
 def resolve_dynamics(kernel: str, dynamics: str | None, friction: float | None
-                     ) -> tuple[str, float]:
+                     ) -> tuple[str, float | None]:
     """The checked ``(dynamics, friction)``: a ``friction`` belongs to the underdamped update,
     so it needs ``dynamics="underdamped"`` (before ``dynamics`` existed, a friction alone
-    switched the update)."""
+    switched the update). ``None`` stays ``None``: the underdamped form then takes SGHMC's
+    default, the friction of a momentum decay of 0.1 per step
+    (:class:`~pyro_flat.infer.mcmc.friction.NoiseFriction`)."""
     if dynamics is None:
         dynamics = "langevin"
         if friction is not None:
@@ -31,7 +31,8 @@ def resolve_dynamics(kernel: str, dynamics: str | None, friction: float | None
                              "Langevin)")
     if dynamics not in DYNAMICS:
         raise ValueError(f"dynamics must be one of {DYNAMICS}, got {dynamics!r}")
-    friction = DEFAULT_FRICTION if friction is None else validation.positive("friction", friction)
+    if friction is not None:
+        friction = validation.positive("friction", friction)
     return dynamics, friction
 
 

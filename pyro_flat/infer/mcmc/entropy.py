@@ -100,8 +100,9 @@ class EntropyMCMC(SGMCMCKernel):
     dynamics : {"langevin", "underdamped"}
         The Langevin form (the default) or the underdamped (SGHMC) form.
     friction : float, optional
-        :math:`C > 0` of the underdamped form (default 1); it needs
-        ``dynamics="underdamped"``.
+        :math:`C > 0` of the underdamped form; it needs ``dynamics="underdamped"``.
+        Omitted: SGHMC's default, the friction at which the momentum decays by 0.1 per step
+        (:data:`~pyro_flat.infer.mcmc.friction.MOMENTUM_DECAY`).
     mass : float
         Scalar mass :math:`M > 0` of the underdamped form.
     tempered_coupling : bool
@@ -159,12 +160,13 @@ class EntropyMCMC(SGMCMCKernel):
     ):
         super().__init__(model, step_size, **kwargs)
         self.eta = validation.positive("eta", eta)
-        self.dynamics, self.friction = dyn.resolve_dynamics("EntropyMCMC", dynamics, friction)
-        #: The friction warmup chooses for the underdamped form on a minibatched model (the
-        #: Langevin form shrinks the step instead).
-        self.noise_fit = (NoiseFriction(self.friction) if self.dynamics == "underdamped"
-                          else None)
+        self.dynamics, friction = dyn.resolve_dynamics("EntropyMCMC", dynamics, friction)
         self.mass = validation.positive("mass", mass)
+        #: The underdamped form's friction: the given one or SGHMC's default decay's, raised
+        #: by warmup on a minibatched model (the Langevin form shrinks the step instead).
+        self.noise_fit = (NoiseFriction(friction) if self.dynamics == "underdamped"
+                          else None)
+        self.friction = friction if self.noise_fit is None else self.noise_fit.initial(self)
         self.tempered_coupling = bool(tempered_coupling)
         self.coupling = bool(coupling)
         if self.step_size is not None:
@@ -257,10 +259,10 @@ class EntropyMCMC(SGMCMCKernel):
             guide_grad.mul_(k)
             c, m = self.friction, self.mass
             underdamped_step_(z, state.momentum, grad, step_size, c, m, t, state.noise)
-            # theta_a's force has no minibatch noise: its momentum keeps the given friction
-            # (a friction warmup raised for theta's noise would all but freeze theta_a)
+            # theta_a's force has no minibatch noise: its momentum keeps the friction before
+            # the raise (a friction warmup raised for theta's noise would all but freeze it)
             underdamped_step_(guide, state.guide_momentum, guide_grad, step_size,
-                              self.noise_fit.given_friction, m, t, self._next_guide_noise(),
+                              self.noise_fit.base, m, t, self._next_guide_noise(),
                               draw_noise=False)
 
     def draw_statistics(self) -> dict[str, list[float]]:

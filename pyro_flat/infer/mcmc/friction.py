@@ -1,9 +1,21 @@
-r"""The friction an underdamped update takes on a minibatched model, so that the minibatch noise
-heats its chain by at most a stated bound.
+r"""The friction an underdamped update takes: when none is given, the one at which the adapted
+step lets the momentum decay by :data:`MOMENTUM_DECAY` per step; on a minibatched model, raised
+so that the minibatch noise heats its chain by at most a stated bound.
 
 Target: the underdamped chain's law :math:`\exp(-U/T)\,\mathcal N(r; 0, MT)` within
 :data:`~pyro_flat.infer.mcmc.gradient_noise.TARGET_RATIO` (5%) excess temperature when its
 gradient is a minibatch's.
+
+**The friction when none is given.** The per-step momentum decay :math:`\alpha = \epsilon C/M`
+sets how long the momentum remembers a kick. With a given step, :math:`C = \alpha M/\epsilon`.
+With an adapted step, :math:`\epsilon` is the stability rule's at :math:`C` and :math:`C` the
+root of :math:`\epsilon(C)\,C/M = \alpha` (the decay grows with :math:`C` towards the stability
+fraction :math:`f`; :math:`\alpha` is taken as :math:`\min(` :data:`MOMENTUM_DECAY`
+:math:`, f/2)`). :math:`\alpha = 0.1` is SGD's momentum 0.9. A fixed friction of 1 gives a decay
+of 0.01 or less at the steps warmup chooses on BNNs: a step that is unstable somewhere the
+chain wanders (a horseshoe's local scale in its Cauchy tail) then throws the momentum, and the
+kick carries the chain far from the typical set for dozens of steps
+(``docs/methods/adaptation.md``; ``benchmarks/horseshoe_flights.py``).
 
 The momentum of an SG step receives :math:`\epsilon^2 P_i v_i` of minibatch noise
 (:math:`v_i` the gradient variance, :math:`P` the metric) beside the injected
@@ -27,12 +39,17 @@ SGHMC's ``noise_estimate`` keeps the subtraction for a user who knows :math:`\ha
 Examples
 --------
 >>> from pyro_flat.infer.mcmc.friction import NoiseFriction
+>>> from pyro_flat.infer import SGHMC
 >>> fit = NoiseFriction(1.0)
 >>> fit.share is None  # nothing chosen yet: the report assumes independent batches
 True
->>> fit.load(0.07)  # a checkpoint's share at its friction
->>> fit.restore(), fit.share  # forget it: the given friction
+>>> fit.load(0.07, 1.0)  # a checkpoint's share at its friction
+>>> fit.restore(SGHMC(lambda: None), 400.0), fit.share  # forget it: the given friction
 (1.0, None)
+>>> kernel = SGHMC(lambda: None)  # no friction given: a decay of 0.1 per step
+>>> friction = kernel.noise_fit.restore(kernel, 400.0)
+>>> round(kernel.stability_fraction * kernel.stability_limit(400.0) * friction, 6)
+0.1
 
 References
 ----------
@@ -55,30 +72,83 @@ if TYPE_CHECKING:
 
 #: How many times the bracket of the friction may grow fourfold before warmup gives up.
 _MAX_GROWTH = 60
+#: The per-step momentum decay :math:`\epsilon C/M` of an underdamped update whose friction was
+#: not given (SGD's momentum 0.9).
+MOMENTUM_DECAY = 0.1
+#: The friction of an adapted underdamped update before warmup's first estimate chooses it.
+FRICTION_BEFORE_WARMUP = 1.0
+
+
+def decay_of(kernel: SGMCMCKernel) -> float:
+    """The momentum decay per step that ``kernel`` keeps when its friction was not given:
+    :data:`MOMENTUM_DECAY`, at most half the stability fraction (the most the stability rule's
+    step can reach is the fraction itself)."""
+    return min(MOMENTUM_DECAY, 0.5 * kernel.stability_fraction)
+
+
+def friction_for_decay(kernel: SGMCMCKernel, curvature: float) -> float:
+    r"""The friction :math:`C` at which the stability rule's step at ``curvature`` decays the
+    momentum by :func:`decay_of` per step, :math:`\epsilon(C)\,C/M = \alpha` (set on
+    ``kernel.friction``)."""
+    decay = decay_of(kernel)
+
+    def log_excess(log_friction: float) -> float:
+        kernel.friction = math.exp(log_friction)
+        step = kernel.stability_fraction * kernel.stability_limit(curvature)
+        return math.log(step * kernel.friction / (kernel.mass * decay))
+
+    low = high = math.log(FRICTION_BEFORE_WARMUP)
+    for _ in range(_MAX_GROWTH):
+        if log_excess(low) < 0:
+            break
+        low -= math.log(4.0)
+    for _ in range(_MAX_GROWTH):
+        if log_excess(high) > 0:
+            break
+        high += math.log(4.0)
+    kernel.friction = math.exp(brentq(log_excess, low, high, xtol=1e-12))
+    return kernel.friction
 
 
 class NoiseFriction:
-    r"""What warmup chose for an underdamped update on a minibatched model: the friction and
-    the share :math:`h` of the minibatch noise's heat that reaches the position (see the
-    module).
+    r"""The friction of an underdamped update: the given one or the one of the momentum decay
+    :data:`MOMENTUM_DECAY`, raised on a minibatched model against its noise; and the share
+    :math:`h` of the minibatch noise's heat that reaches the position (see the module).
 
     Parameters
     ----------
-    friction : float
+    friction : float or None
         The given friction :math:`C`, in force until warmup raises it and again at each
-        estimate (:meth:`restore`).
+        estimate (:meth:`restore`); ``None``: the friction of the momentum decay
+        :data:`MOMENTUM_DECAY` at the step (chosen at each estimate of warmup when the step
+        is adapted).
 
     Attributes
     ----------
-    given_friction : float
+    given_friction : float or None
         The given friction.
+    base : float or None
+        The friction before any raise against the minibatch noise: the given one, or the
+        decay's at the step (``None``: not chosen yet).
     share : float or None
         :math:`h` at the chosen friction and step (``None``: none chosen).
     """
 
-    def __init__(self, friction: float):
+    def __init__(self, friction: float | None):
         self.given_friction = friction
+        self.base = friction
         self.share: float | None = None
+
+    def initial(self, kernel: SGMCMCKernel) -> float:
+        """The friction ``kernel`` starts with: the given one; else the decay's at its given
+        step size (a schedule's first); else :data:`FRICTION_BEFORE_WARMUP` until warmup
+        chooses it."""
+        step = kernel.step_size
+        if step is None and kernel.step_size_schedule is not None:
+            step = float(kernel.step_size_schedule(0))
+        if self.given_friction is None and step is not None:
+            self.base = MOMENTUM_DECAY * kernel.mass / step
+        return FRICTION_BEFORE_WARMUP if self.base is None else self.base
 
     def fit(self, kernel: SGMCMCKernel, curvature: float, variance: torch.Tensor) -> float:
         """Choose the friction (set on ``kernel.friction``) for the measured gradient
@@ -96,7 +166,7 @@ class NoiseFriction:
                                 batches_per_epoch=per_epoch)
             return share * step * top / friction, step, share
 
-        friction = self.given_friction
+        friction = self.base if self.base is not None else kernel.friction
         heat, step, share = excess(friction)
         if math.isfinite(top) and heat > TARGET_RATIO:
             low, high = friction, 4.0 * friction
@@ -114,11 +184,18 @@ class NoiseFriction:
         kernel.friction, self.share = friction, share
         return step
 
-    def restore(self) -> float:
-        """Forget the choice; the given friction (to set on the kernel)."""
+    def restore(self, kernel: SGMCMCKernel, curvature: float) -> float:
+        """Forget the raise against the noise; the friction before it at the top
+        ``curvature`` (to set on the kernel): the given one, or the decay's
+        (:func:`friction_for_decay`)."""
         self.share = None
-        return self.given_friction
+        if self.given_friction is None and curvature > 0 and math.isfinite(curvature):
+            self.base = friction_for_decay(kernel, curvature)
+        return self.base if self.base is not None else kernel.friction
 
-    def load(self, share: float | None) -> None:
-        """Continue with a checkpoint's share (the kernel sets its friction itself)."""
+    def load(self, share: float | None, base: float | None) -> None:
+        """Continue with a checkpoint's share and friction before the raise (the kernel sets
+        its friction itself)."""
         self.share = share
+        if base is not None:
+            self.base = base

@@ -92,12 +92,16 @@ class SGHMC(SGMCMCKernel):
 
     Parameters
     ----------
-    friction : float
+    friction : float, optional
         :math:`C > 0`; ``step_size * friction / mass`` (the per-step momentum decay) must be in
-        ``(0, 1]``. When warmup chooses the step size on a minibatched model it raises the
-        friction until the minibatch noise heats the chain by at most 5%
-        (:mod:`~pyro_flat.infer.mcmc.friction`; the chosen value is in
-        ``diagnostics()["gradient_noise"]``). A run reads the momentum against its law
+        ``(0, 1]``. Omitted: the friction at which the momentum decays by 0.1 per step
+        (SGD's momentum 0.9), :math:`C = 0.1 M/\epsilon` at a given step, chosen with the
+        step at each estimate of warmup otherwise
+        (:data:`~pyro_flat.infer.mcmc.friction.MOMENTUM_DECAY`). When warmup chooses the step
+        size on a minibatched model it raises the friction (given or not) until the
+        minibatch noise heats the chain by at most 5% (:mod:`~pyro_flat.infer.mcmc.friction`;
+        the chosen value is in ``diagnostics()["gradient_noise"]`` and
+        ``diagnostics()["step_size_adaptation"]``). A run reads the momentum against its law
         :math:`\mathcal N(0, MT)` and warns when a step was unstable somewhere
         (:mod:`~pyro_flat.infer.mcmc.momentum_watch`).
     mass : float
@@ -123,19 +127,22 @@ class SGHMC(SGMCMCKernel):
         model: Callable | None = None,
         step_size: float | None = None,
         *,
-        friction: float = 1.0,
+        friction: float | None = None,
         mass: float = 1.0,
         noise_estimate: float = 0.0,
         **kwargs: Any,
     ):
         super().__init__(model, step_size, **kwargs)
-        self.friction = validation.positive("friction", friction)
+        if friction is not None:
+            friction = validation.positive("friction", friction)
         self.mass = validation.positive("mass", mass)
+        #: The friction: the given one or the default decay's, raised by warmup on a
+        #: minibatched model.
+        self.noise_fit = NoiseFriction(friction)
+        self.friction = self.noise_fit.initial(self)
         self.noise_estimate = validation.in_range(
-            "noise_estimate", noise_estimate, 0.0, self.friction
-        )
-        #: The friction warmup chooses on a minibatched model.
-        self.noise_fit = NoiseFriction(self.friction)
+            "noise_estimate", noise_estimate, 0.0,
+            self.friction if self.noise_fit.base is not None else float("inf"))
         if self.step_size is not None:
             self.check_step_size(self.step_size)
 
@@ -153,6 +160,7 @@ class SGHMC(SGMCMCKernel):
             "step_size * friction / mass", step_size * self.friction / self.mass, 0, 1,
             closed="(]",
         )
+        validation.in_range("noise_estimate", self.noise_estimate, 0.0, self.friction)
 
     @classmethod
     def from_sgd(

@@ -87,8 +87,9 @@ class SASGLD(SGMCMCKernel):
     dynamics : {"langevin", "underdamped"}
         The update after the estimator: Langevin (the default) or SGHMC's.
     friction : float, optional
-        :math:`C > 0` of the underdamped form (default 1); it needs
-        ``dynamics="underdamped"``.
+        :math:`C > 0` of the underdamped form; it needs ``dynamics="underdamped"``.
+        Omitted: SGHMC's default, the friction at which the momentum decays by 0.1 per step
+        (:data:`~pyro_flat.infer.mcmc.friction.MOMENTUM_DECAY`).
     mass : float
         Scalar mass :math:`M > 0` of the underdamped form.
     batchnorm_modules : iterable of torch.nn.Module, optional
@@ -142,12 +143,13 @@ class SASGLD(SGMCMCKernel):
         super().__init__(model, step_size, **kwargs)
         self.rho = validation.nonnegative("rho", rho)
         self.geometry = bool(geometry)
-        self.dynamics, self.friction = dyn.resolve_dynamics("SASGLD", dynamics, friction)
-        #: The friction warmup chooses for the underdamped form on a minibatched model (the
-        #: Langevin form shrinks the step instead).
-        self.noise_fit = (NoiseFriction(self.friction) if self.dynamics == "underdamped"
-                          else None)
+        self.dynamics, friction = dyn.resolve_dynamics("SASGLD", dynamics, friction)
         self.mass = validation.positive("mass", mass)
+        #: The underdamped form's friction: the given one or SGHMC's default decay's, raised
+        #: by warmup on a minibatched model (the Langevin form shrinks the step instead).
+        self.noise_fit = (NoiseFriction(friction) if self.dynamics == "underdamped"
+                          else None)
+        self.friction = friction if self.noise_fit is None else self.noise_fit.initial(self)
         if self.step_size is not None:
             self.check_step_size(self.step_size)
         self.batchnorm_modules = list(batchnorm_modules or [])

@@ -160,19 +160,22 @@ class UpdateRule:
         r"""The update's gradient-noise correction :math:`\hat B` (0: none)."""
         return 0.0
 
-    def load_noise_friction(self, friction: float, share: float | None) -> None:
-        """Continue with the friction a checkpoint's warmup chose and the share of the noise
-        that reaches the position at it (a kernel without a ``noise_fit`` keeps its own
-        friction)."""
+    def load_noise_friction(self, friction: float, share: float | None,
+                            base: float | None = None) -> None:
+        """Continue with the friction a checkpoint's warmup chose, the share of the noise
+        that reaches the position at it and the friction before the raise against the noise
+        (a kernel without a ``noise_fit`` keeps its own friction)."""
         if self.noise_fit is None:
             return
         self.friction = friction
-        self.noise_fit.load(share)
+        self.noise_fit.load(share, base)
 
-    def restore_friction(self) -> None:
-        """Undo what an earlier estimate chose for the friction."""
+    def restore_friction(self, curvature: float) -> None:
+        """Undo what an earlier estimate chose against the noise: the given friction, or the
+        one of the default momentum decay at the top ``curvature``
+        (:meth:`~pyro_flat.infer.mcmc.friction.NoiseFriction.restore`)."""
         if self.noise_fit is not None:
-            self.friction = self.noise_fit.restore()
+            self.friction = self.noise_fit.restore(self, curvature)
 
     #: Defaults of this kernel's statistics until they are known (others: NaN).
     stat_defaults: dict[str, Any] = {}

@@ -247,7 +247,7 @@ class Warmup:
         if not self._estimate_at:
             self._moment_sum = None  # the metric is frozen from here on
         curvature = self.top_curvature()
-        k.restore_friction()
+        k.restore_friction(curvature)
         limit = k.stability_limit(curvature) if curvature > 0 else math.inf
         step = k.stability_fraction * limit
         noise_limited = False
@@ -276,6 +276,9 @@ class Warmup:
         self.step_size = step
         record = {"draw": draw, "num_sg_steps": k.num_steps, "curvature": curvature,
                   "stability_limit": limit, "step_size": step}
+        friction = k.momentum_friction()
+        if friction is not None:  # an underdamped update: the friction chosen with the step
+            record["friction"] = friction
         if self._gradient_variance is not None:
             record["noise_limited"] = noise_limited
         self.log.append(record)
@@ -521,6 +524,7 @@ class Warmup:
             "gradient_noise": [dict(r) for r in self.noise_log],
             "friction": k.momentum_friction(),
             "epoch_share": None if k.noise_fit is None else k.noise_fit.share,
+            "base_friction": None if k.noise_fit is None else k.noise_fit.base,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -544,4 +548,5 @@ class Warmup:
                 "epoch-wise minibatches); this one raises the friction instead: resume from "
                 "a checkpoint taken before warmup ended, or run warmup again")
         if state.get("friction") is not None:  # underdamped: the friction warmup chose
-            k.load_noise_friction(state["friction"], state.get("epoch_share"))
+            k.load_noise_friction(state["friction"], state.get("epoch_share"),
+                                  state.get("base_friction"))

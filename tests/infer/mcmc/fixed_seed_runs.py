@@ -172,15 +172,22 @@ def _close(a, b, tol: dict[str, float] | None = None) -> bool:
     return a == b
 
 
-def differences(a: dict, b: dict, path: str = "", tol: dict[str, float] | None = None
-                ) -> list[str]:
-    """Where two records differ (keys, shapes or values), as readable paths; bitwise, or
-    within ``tol`` (``rtol``, ``atol``) for floating-point values."""
+def differences(a: dict, b: dict, path: str = "", tol: dict[str, float] | None = None,
+                new_keys: bool = False) -> list[str]:
+    """Where a new record ``a`` differs from the recorded ``b`` (keys, shapes or values), as
+    readable paths; bitwise, or within ``tol`` (``rtol``, ``atol``) for floating-point values.
+    ``new_keys``: ``a``'s dicts may hold keys ``b``'s lack (a diagnostic record that gained a
+    field); every recorded key must still be there, equal."""
     if isinstance(a, dict) and isinstance(b, dict):
-        out = [f"{path}/{k}: only in one" for k in a.keys() ^ b.keys()]
+        out = [f"{path}/{k}: only in one" for k in (b.keys() - a.keys() if new_keys
+                                                    else a.keys() ^ b.keys())]
         for k in a.keys() & b.keys():
-            out += differences(a[k], b[k], f"{path}/{k}", tol)
+            out += differences(a[k], b[k], f"{path}/{k}", tol, new_keys)
         return out
+    if (new_keys and isinstance(a, list) and isinstance(b, list) and len(a) == len(b)
+            and any(isinstance(x, dict) for x in a)):
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True))
+                for d in differences(x, y, f"{path}/{i}", tol, new_keys)]
     return [] if _close(a, b, tol) else [path]
 
 

@@ -15,8 +15,11 @@ def test_draws_and_statistics_are_the_recorded_ones(name):
     recorded = RECORDED["runs"][name]
     now = fixed_seed_runs.run(name, with_resume=False)
     for part in ("samples", "stats", "extras"):
+        # diagnostics may gain fields (warmup's records gained the friction it chose with
+        # the step); the recorded ones stay as they were
         assert fixed_seed_runs.differences(now[part], recorded[part],
-                                           tol=fixed_seed_runs.TOLERANCES.get(name)) == [], part
+                                           tol=fixed_seed_runs.TOLERANCES.get(name),
+                                           new_keys=part == "extras") == [], part
 
 
 @pytest.mark.parametrize("name", list(fixed_seed_runs.RUNS))
