@@ -9,8 +9,8 @@ density per point was below -0.55 (NUTS: -0.419, sd 0.020), i.e. ``tau`` near ze
 coefficient with it. Beside it: the chains whose momentum the watch read as hot, the largest
 momentum in sds, whether the run warned, and the held-out density's sd over all draws against
 NUTS's. SGLD at the step it adapts is the overdamped contrast. A friction of ``default`` is
-SGHMC's when none is given: the one at which the momentum decays by 0.1 per step at the step
-(chosen with the adapted step in warmup); the friction column gives the value in force.
+SGHMC's when none is given: 1, until warmup sees a throw, and then the one at which the
+momentum decays by 0.1 per step, chosen with the step; the column gives the value in force.
 
 Example::
 
@@ -44,8 +44,7 @@ CHAINS, WARMUP, DRAWS, THIN, SEED = 16, 100, 200, 50, 11
 FLIGHT = -0.55
 CONFIGS = (
     ("SGHMC", 0.02, 1.0), ("SGHMC", 0.02, 10.0), ("SGHMC", 0.01, 1.0), ("SGHMC", 0.01, 10.0),
-    ("SGHMC", None, 1.0), ("SGHMC", None, 13.0), ("SGHMC", 0.01, None), ("SGHMC", None, None),
-    ("SGLD", None, None),
+    ("SGHMC", None, 1.0), ("SGHMC", None, 13.0), ("SGHMC", None, None), ("SGLD", None, None),
 )
 
 

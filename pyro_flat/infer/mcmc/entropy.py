@@ -101,8 +101,8 @@ class EntropyMCMC(SGMCMCKernel):
         The Langevin form (the default) or the underdamped (SGHMC) form.
     friction : float, optional
         :math:`C > 0` of the underdamped form; it needs ``dynamics="underdamped"``.
-        Omitted: SGHMC's default, the friction at which the momentum decays by 0.1 per step
-        (:data:`~pyro_flat.infer.mcmc.friction.MOMENTUM_DECAY`).
+        Omitted: SGHMC's default (1, and the friction of a momentum decay of 0.1 per step once
+        warmup saw a step throw the momentum; :mod:`~pyro_flat.infer.mcmc.friction`).
     mass : float
         Scalar mass :math:`M > 0` of the underdamped form.
     tempered_coupling : bool
@@ -162,11 +162,12 @@ class EntropyMCMC(SGMCMCKernel):
         self.eta = validation.positive("eta", eta)
         self.dynamics, friction = dyn.resolve_dynamics("EntropyMCMC", dynamics, friction)
         self.mass = validation.positive("mass", mass)
-        #: The underdamped form's friction: the given one or SGHMC's default decay's, raised
-        #: by warmup on a minibatched model (the Langevin form shrinks the step instead).
+        #: The underdamped form's friction: the given one or SGHMC's default, damped after a
+        #: throw and raised on a minibatched model by warmup (the Langevin form shrinks the
+        #: step instead).
         self.noise_fit = (NoiseFriction(friction) if self.dynamics == "underdamped"
                           else None)
-        self.friction = friction if self.noise_fit is None else self.noise_fit.initial(self)
+        self.friction = friction if self.noise_fit is None else self.noise_fit.base
         self.tempered_coupling = bool(tempered_coupling)
         self.coupling = bool(coupling)
         if self.step_size is not None:

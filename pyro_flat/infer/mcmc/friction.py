@@ -1,21 +1,26 @@
-r"""The friction an underdamped update takes: when none is given, the one at which the adapted
-step lets the momentum decay by :data:`MOMENTUM_DECAY` per step; on a minibatched model, raised
-so that the minibatch noise heats its chain by at most a stated bound.
+r"""The friction an underdamped update takes: the given one, or :data:`DEFAULT_FRICTION` until
+warmup sees a step throw the momentum, and from then on the one at which the adapted step lets
+the momentum decay by :data:`MOMENTUM_DECAY` per step; on a minibatched model, raised so that
+the minibatch noise heats its chain by at most a stated bound.
 
 Target: the underdamped chain's law :math:`\exp(-U/T)\,\mathcal N(r; 0, MT)` within
 :data:`~pyro_flat.infer.mcmc.gradient_noise.TARGET_RATIO` (5%) excess temperature when its
 gradient is a minibatch's.
 
 **The friction when none is given.** The per-step momentum decay :math:`\alpha = \epsilon C/M`
-sets how long the momentum remembers a kick. With a given step, :math:`C = \alpha M/\epsilon`.
-With an adapted step, :math:`\epsilon` is the stability rule's at :math:`C` and :math:`C` the
-root of :math:`\epsilon(C)\,C/M = \alpha` (the decay grows with :math:`C` towards the stability
-fraction :math:`f`; :math:`\alpha` is taken as :math:`\min(` :data:`MOMENTUM_DECAY`
-:math:`, f/2)`). :math:`\alpha = 0.1` is SGD's momentum 0.9. A fixed friction of 1 gives a decay
-of 0.01 or less at the steps warmup chooses on BNNs: a step that is unstable somewhere the
-chain wanders (a horseshoe's local scale in its Cauchy tail) then throws the momentum, and the
-kick carries the chain far from the typical set for dozens of steps
-(``docs/methods/adaptation.md``; ``benchmarks/horseshoe_flights.py``).
+sets how long the momentum remembers a kick. The default friction, 1, gives a decay of 0.01 or
+less at the steps warmup chooses on BNNs, and mixes the slow directions well; but where a step
+is unstable somewhere the chain wanders (a horseshoe's local scale in its Cauchy tail), a throw
+of the momentum carries the chain far from the typical set for dozens of steps
+(``docs/methods/adaptation.md``; ``benchmarks/horseshoe_flights.py``). So when warmup sees a
+throw (:mod:`~pyro_flat.infer.mcmc.momentum_watch`) on an update whose friction was not given,
+the friction becomes the one of the decay :math:`\alpha = \min(` :data:`MOMENTUM_DECAY`
+:math:`, f/2)` (SGD's momentum 0.9): at once :math:`C = \alpha M/\epsilon` for the halved
+step, and at each later estimate the root of :math:`\epsilon(C)\,C/M = \alpha`, where
+:math:`\epsilon(C)` is the stability rule's step at :math:`C` (the decay grows with :math:`C`
+towards the stability fraction :math:`f`), and at least :math:`\alpha M/\epsilon` when the step
+is held below the rule's. A decay of 0.1 on every posterior mixed the smooth ones' slowest
+directions three to four times slower, so it is kept for the posteriors that need it.
 
 The momentum of an SG step receives :math:`\epsilon^2 P_i v_i` of minibatch noise
 (:math:`v_i` the gradient variance, :math:`P` the metric) beside the injected
@@ -43,11 +48,17 @@ Examples
 >>> fit = NoiseFriction(1.0)
 >>> fit.share is None  # nothing chosen yet: the report assumes independent batches
 True
->>> fit.load(0.07, 1.0)  # a checkpoint's share at its friction
+>>> fit.load(0.07, 1.0, False)  # a checkpoint's share at its friction
 >>> fit.restore(SGHMC(lambda: None), 400.0), fit.share  # forget it: the given friction
 (1.0, None)
->>> kernel = SGHMC(lambda: None)  # no friction given: a decay of 0.1 per step
->>> friction = kernel.noise_fit.restore(kernel, 400.0)
+>>> kernel = SGHMC(lambda: None)  # no friction given: 1, until warmup sees a throw
+>>> kernel.friction
+1.0
+>>> kernel.noise_fit.damp(kernel, 0.01)  # a throw: a decay of 0.1 per step at the step
+True
+>>> round(kernel.friction * 0.01, 6)
+0.1
+>>> friction = kernel.noise_fit.restore(kernel, 400.0)  # the next estimate: with the step
 >>> round(kernel.stability_fraction * kernel.stability_limit(400.0) * friction, 6)
 0.1
 
@@ -72,17 +83,17 @@ if TYPE_CHECKING:
 
 #: How many times the bracket of the friction may grow fourfold before warmup gives up.
 _MAX_GROWTH = 60
+#: The friction of an underdamped update when none is given, until warmup sees a throw.
+DEFAULT_FRICTION = 1.0
 #: The per-step momentum decay :math:`\epsilon C/M` of an underdamped update whose friction was
-#: not given (SGD's momentum 0.9).
+#: not given, once warmup saw a step throw its momentum (SGD's momentum 0.9).
 MOMENTUM_DECAY = 0.1
-#: The friction of an adapted underdamped update before warmup's first estimate chooses it.
-FRICTION_BEFORE_WARMUP = 1.0
 
 
 def decay_of(kernel: SGMCMCKernel) -> float:
-    """The momentum decay per step that ``kernel`` keeps when its friction was not given:
-    :data:`MOMENTUM_DECAY`, at most half the stability fraction (the most the stability rule's
-    step can reach is the fraction itself)."""
+    """The momentum decay per step that ``kernel`` keeps once damped: :data:`MOMENTUM_DECAY`,
+    at most half the stability fraction (the most the stability rule's step can reach is the
+    fraction itself)."""
     return min(MOMENTUM_DECAY, 0.5 * kernel.stability_fraction)
 
 
@@ -97,7 +108,7 @@ def friction_for_decay(kernel: SGMCMCKernel, curvature: float) -> float:
         step = kernel.stability_fraction * kernel.stability_limit(curvature)
         return math.log(step * kernel.friction / (kernel.mass * decay))
 
-    low = high = math.log(FRICTION_BEFORE_WARMUP)
+    low = high = math.log(DEFAULT_FRICTION)
     for _ in range(_MAX_GROWTH):
         if log_excess(low) < 0:
             break
@@ -111,44 +122,53 @@ def friction_for_decay(kernel: SGMCMCKernel, curvature: float) -> float:
 
 
 class NoiseFriction:
-    r"""The friction of an underdamped update: the given one or the one of the momentum decay
-    :data:`MOMENTUM_DECAY`, raised on a minibatched model against its noise; and the share
-    :math:`h` of the minibatch noise's heat that reaches the position (see the module).
+    r"""The friction of an underdamped update: the given one, or :data:`DEFAULT_FRICTION` until
+    warmup sees a throw and the momentum decay :data:`MOMENTUM_DECAY`'s after it; raised on a
+    minibatched model against its noise; and the share :math:`h` of the minibatch noise's heat
+    that reaches the position (see the module).
 
     Parameters
     ----------
     friction : float or None
         The given friction :math:`C`, in force until warmup raises it and again at each
-        estimate (:meth:`restore`); ``None``: the friction of the momentum decay
-        :data:`MOMENTUM_DECAY` at the step (chosen at each estimate of warmup when the step
-        is adapted).
+        estimate (:meth:`restore`); ``None``: :data:`DEFAULT_FRICTION`, and the momentum
+        decay's once warmup saw a throw (:meth:`damp`).
 
     Attributes
     ----------
     given_friction : float or None
         The given friction.
-    base : float or None
-        The friction before any raise against the minibatch noise: the given one, or the
-        decay's at the step (``None``: not chosen yet).
+    base : float
+        The friction before any raise against the minibatch noise.
+    damped : bool
+        Whether warmup saw a throw and the friction follows the momentum decay.
     share : float or None
         :math:`h` at the chosen friction and step (``None``: none chosen).
     """
 
     def __init__(self, friction: float | None):
         self.given_friction = friction
-        self.base = friction
+        self.base = DEFAULT_FRICTION if friction is None else friction
+        self.damped = False
         self.share: float | None = None
 
-    def initial(self, kernel: SGMCMCKernel) -> float:
-        """The friction ``kernel`` starts with: the given one; else the decay's at its given
-        step size (a schedule's first); else :data:`FRICTION_BEFORE_WARMUP` until warmup
-        chooses it."""
-        step = kernel.step_size
-        if step is None and kernel.step_size_schedule is not None:
-            step = float(kernel.step_size_schedule(0))
-        if self.given_friction is None and step is not None:
-            self.base = MOMENTUM_DECAY * kernel.mass / step
-        return FRICTION_BEFORE_WARMUP if self.base is None else self.base
+    def damp(self, kernel: SGMCMCKernel, step_size: float) -> bool:
+        r"""After warmup saw a step throw the momentum: unless a friction was given, follow the
+        momentum decay from now on, at once at least :math:`\alpha M/\epsilon` at
+        ``step_size`` (set on ``kernel.friction``); whether the friction follows it."""
+        if self.given_friction is not None:
+            return False
+        self.damped = True
+        self.hold(kernel, step_size)
+        return True
+
+    def hold(self, kernel: SGMCMCKernel, step_size: float) -> None:
+        """Once damped, keep the momentum decay at least :func:`decay_of` at the step warmup
+        settled on (below the stability rule's after a back-off)."""
+        if self.damped:
+            floor = decay_of(kernel) * kernel.mass / step_size
+            kernel.friction = max(kernel.friction, floor)
+            self.base = max(self.base, floor)
 
     def fit(self, kernel: SGMCMCKernel, curvature: float, variance: torch.Tensor) -> float:
         """Choose the friction (set on ``kernel.friction``) for the measured gradient
@@ -166,7 +186,7 @@ class NoiseFriction:
                                 batches_per_epoch=per_epoch)
             return share * step * top / friction, step, share
 
-        friction = self.base if self.base is not None else kernel.friction
+        friction = self.base
         heat, step, share = excess(friction)
         if math.isfinite(top) and heat > TARGET_RATIO:
             low, high = friction, 4.0 * friction
@@ -186,16 +206,17 @@ class NoiseFriction:
 
     def restore(self, kernel: SGMCMCKernel, curvature: float) -> float:
         """Forget the raise against the noise; the friction before it at the top
-        ``curvature`` (to set on the kernel): the given one, or the decay's
-        (:func:`friction_for_decay`)."""
+        ``curvature`` (to set on the kernel): the given one, the default, or once damped the
+        decay's (:func:`friction_for_decay`)."""
         self.share = None
-        if self.given_friction is None and curvature > 0 and math.isfinite(curvature):
+        if self.damped and curvature > 0 and math.isfinite(curvature):
             self.base = friction_for_decay(kernel, curvature)
-        return self.base if self.base is not None else kernel.friction
+        return self.base
 
-    def load(self, share: float | None, base: float | None) -> None:
-        """Continue with a checkpoint's share and friction before the raise (the kernel sets
-        its friction itself)."""
+    def load(self, share: float | None, base: float | None, damped: bool) -> None:
+        """Continue with a checkpoint's share, friction before the raise and damping (the
+        kernel sets its friction itself)."""
         self.share = share
         if base is not None:
             self.base = base
+        self.damped = bool(damped)

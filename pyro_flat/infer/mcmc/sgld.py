@@ -94,16 +94,15 @@ class SGHMC(SGMCMCKernel):
     ----------
     friction : float, optional
         :math:`C > 0`; ``step_size * friction / mass`` (the per-step momentum decay) must be in
-        ``(0, 1]``. Omitted: the friction at which the momentum decays by 0.1 per step
-        (SGD's momentum 0.9), :math:`C = 0.1 M/\epsilon` at a given step, chosen with the
-        step at each estimate of warmup otherwise
-        (:data:`~pyro_flat.infer.mcmc.friction.MOMENTUM_DECAY`). When warmup chooses the step
+        ``(0, 1]``. Omitted: 1; but when warmup, choosing the step, sees a step throw the
+        momentum far beyond its law, the friction from then on is the one at which the
+        momentum decays by 0.1 per step (SGD's momentum 0.9), chosen with the step at each
+        later estimate (:mod:`~pyro_flat.infer.mcmc.friction`). When warmup chooses the step
         size on a minibatched model it raises the friction (given or not) until the
-        minibatch noise heats the chain by at most 5% (:mod:`~pyro_flat.infer.mcmc.friction`;
-        the chosen value is in ``diagnostics()["gradient_noise"]`` and
-        ``diagnostics()["step_size_adaptation"]``). A run reads the momentum against its law
-        :math:`\mathcal N(0, MT)` and warns when a step was unstable somewhere
-        (:mod:`~pyro_flat.infer.mcmc.momentum_watch`).
+        minibatch noise heats the chain by at most 5% (the chosen value is in
+        ``diagnostics()["gradient_noise"]`` and ``diagnostics()["step_size_adaptation"]``).
+        A run reads the momentum against its law :math:`\mathcal N(0, MT)` and warns when a
+        step was unstable somewhere (:mod:`~pyro_flat.infer.mcmc.momentum_watch`).
     mass : float
         Scalar mass :math:`M > 0`.
     noise_estimate : float
@@ -136,13 +135,12 @@ class SGHMC(SGMCMCKernel):
         if friction is not None:
             friction = validation.positive("friction", friction)
         self.mass = validation.positive("mass", mass)
-        #: The friction: the given one or the default decay's, raised by warmup on a
-        #: minibatched model.
+        #: The friction: the given one or the default, damped after a throw and raised on a
+        #: minibatched model by warmup.
         self.noise_fit = NoiseFriction(friction)
-        self.friction = self.noise_fit.initial(self)
+        self.friction = self.noise_fit.base
         self.noise_estimate = validation.in_range(
-            "noise_estimate", noise_estimate, 0.0,
-            self.friction if self.noise_fit.base is not None else float("inf"))
+            "noise_estimate", noise_estimate, 0.0, self.friction)
         if self.step_size is not None:
             self.check_step_size(self.step_size)
 

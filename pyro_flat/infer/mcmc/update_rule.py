@@ -161,18 +161,30 @@ class UpdateRule:
         return 0.0
 
     def load_noise_friction(self, friction: float, share: float | None,
-                            base: float | None = None) -> None:
+                            base: float | None = None, damped: bool = False) -> None:
         """Continue with the friction a checkpoint's warmup chose, the share of the noise
-        that reaches the position at it and the friction before the raise against the noise
-        (a kernel without a ``noise_fit`` keeps its own friction)."""
+        that reaches the position at it, the friction before the raise against the noise and
+        whether it follows the momentum decay (a kernel without a ``noise_fit`` keeps its own
+        friction)."""
         if self.noise_fit is None:
             return
         self.friction = friction
-        self.noise_fit.load(share, base)
+        self.noise_fit.load(share, base, damped)
+
+    def damp_momentum(self, step_size: float) -> bool:
+        """After warmup saw a step throw the momentum: a friction that was not given follows
+        the momentum decay from now on, at ``step_size`` at once
+        (:meth:`~pyro_flat.infer.mcmc.friction.NoiseFriction.damp`); whether it does."""
+        return self.noise_fit is not None and self.noise_fit.damp(self, step_size)
+
+    def hold_momentum_decay(self, step_size: float) -> None:
+        """Keep a damped friction's momentum decay at the step warmup settled on."""
+        if self.noise_fit is not None:
+            self.noise_fit.hold(self, step_size)
 
     def restore_friction(self, curvature: float) -> None:
-        """Undo what an earlier estimate chose against the noise: the given friction, or the
-        one of the default momentum decay at the top ``curvature``
+        """Undo what an earlier estimate chose against the noise: the given friction, the
+        default, or once damped the momentum decay's at the top ``curvature``
         (:meth:`~pyro_flat.infer.mcmc.friction.NoiseFriction.restore`)."""
         if self.noise_fit is not None:
             self.friction = self.noise_fit.restore(self, curvature)

@@ -272,6 +272,7 @@ class Warmup:
             )
         if self.step_bound is not None and step > self.step_bound:
             step = self.step_bound
+        k.hold_momentum_decay(step)
         k.check_step_size(step)
         self.step_size = step
         record = {"draw": draw, "num_sg_steps": k.num_steps, "curvature": curvature,
@@ -333,6 +334,8 @@ class Warmup:
         site = k.layout.site_at(int(index[chain]))
         self._back_off(hot, {"after_hot_momentum": round(float(top[chain]), 1), "site": site},
                        f"the momentum of site {site!r} {float(top[chain]):.1f} sds out")
+        if k.damp_momentum(self.step_size):  # a friction not given follows the decay now
+            self.log[-1]["friction"] = k.momentum_friction()
         return True
 
     def _back_off(self, chains_hit: torch.Tensor, record: dict[str, Any], what: str) -> None:
@@ -525,6 +528,7 @@ class Warmup:
             "friction": k.momentum_friction(),
             "epoch_share": None if k.noise_fit is None else k.noise_fit.share,
             "base_friction": None if k.noise_fit is None else k.noise_fit.base,
+            "momentum_damped": None if k.noise_fit is None else k.noise_fit.damped,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -549,4 +553,5 @@ class Warmup:
                 "a checkpoint taken before warmup ended, or run warmup again")
         if state.get("friction") is not None:  # underdamped: the friction warmup chose
             k.load_noise_friction(state["friction"], state.get("epoch_share"),
-                                  state.get("base_friction"))
+                                  state.get("base_friction"),
+                                  bool(state.get("momentum_damped")))

@@ -112,8 +112,7 @@ def test_warmup_backs_off_after_a_hot_momentum():
     log = mcmc.diagnostics()["step_size_adaptation"]["chain 0"]
     backoffs = [r for r in log if "after_hot_momentum" in r]
     assert len(backoffs) == 1, log
-    # read after the next SG step, whose friction took a tenth of it (the default decay)
-    assert backoffs[0]["site"] == "calm" and backoffs[0]["after_hot_momentum"] > 800
+    assert backoffs[0]["site"] == "calm" and backoffs[0]["after_hot_momentum"] > 900
     before = [r["step_size"] for r in log if r["num_sg_steps"] < backoffs[0]["num_sg_steps"]]
     assert backoffs[0]["step_size"] == pytest.approx(0.5 * before[-1])
     assert kernel.step_size is None and kernel.warmup.step_size <= backoffs[0]["step_size"]
