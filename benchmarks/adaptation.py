@@ -31,10 +31,14 @@ come from::
     python benchmarks/adaptation.py --problems hetero --methods SGLD --thin 200 \
         --stability-fraction 0.1
     python benchmarks/adaptation.py --problems diabetes --methods SGHMC --thin 250
-    python benchmarks/adaptation.py --methods SGHMC --friction 1    # the old default friction
+    python benchmarks/adaptation.py --methods SGHMC --decay-always 0.1   # the ablation below
+    python benchmarks/adaptation.py --problems hetero --methods SGHMC --decay-always 0.05
 
-SGHMC's rows before its default friction became the one of a momentum decay of 0.1 per step
-ran at friction 1 (the friction column says which; ``--friction`` gives one).
+SGHMC's friction column: ``1`` (the default, given or left out: its rows before the damping
+after a throw ran at friction 1, and none of these runs sees a throw), ``default`` (left
+out), or ``decay a always``: an ablation that makes the friction follow a momentum decay of
+``a`` per step from warmup's first estimate on (as warmup does after a throw), the value
+chosen per chain in brackets.
     python benchmarks/adaptation.py --problems diabetes --methods SGLD --thin 1000
 
 (``--cache DIR`` keeps each run's draws as netCDF and reuses them). NUTS takes about 12 minutes
@@ -59,6 +63,7 @@ from sklearn.datasets import load_diabetes
 
 from pyro_flat.draws.export import to_arviz
 from pyro_flat.infer import SGHMC, SGLD, EntropyMCMC
+from pyro_flat.infer.mcmc import friction as friction_module
 from pyro_flat.models.bnn import BNN
 from pyro_flat.models.likelihoods import HeteroskedasticGaussian, HomoskedasticGaussian
 
@@ -99,15 +104,20 @@ def build(problem: str, seed: int, subsample_size: int | None) -> BNN:
 
 
 def kernel_for(method: str, model: BNN, thin: int, fraction: float = 0.2,
-               preconditioner: str | None = "diag", friction: float | None = None):
+               preconditioner: str | None = "diag", friction: float | None = None,
+               decay_always: float | None = None):
     if method == "NUTS":
         return NUTS(model, max_tree_depth=8, jit_compile=True, ignore_jit_warnings=True)
     if method == "SGLD":
         return SGLD(model, preconditioner=preconditioner, num_steps_per_sample=thin,
                     stability_fraction=fraction)
     if method == "SGHMC":
-        return SGHMC(model, preconditioner=preconditioner, num_steps_per_sample=thin,
-                     stability_fraction=fraction, friction=friction)
+        kernel = SGHMC(model, preconditioner=preconditioner, num_steps_per_sample=thin,
+                       stability_fraction=fraction, friction=friction)
+        if decay_always is not None:  # the ablation: damped from the first estimate on
+            friction_module.MOMENTUM_DECAY = decay_always
+            kernel.noise_fit.damped = True
+        return kernel
     if method == "EntropyMCMC":
         return EntropyMCMC(model, eta=0.1, num_steps_per_sample=thin, stability_fraction=fraction)
     raise ValueError(method)
@@ -133,7 +143,8 @@ def noise_scale(problem: str, model: BNN, idata, x: torch.Tensor) -> np.ndarray:
 
 def run(problem: str, method: str, chains: int, warmup: int, draws: int, thin: int,
         subsample_size: int | None, cache: Path | None = None, fraction: float = 0.2,
-        preconditioner: str | None = "diag", friction: float | None = None) -> dict:
+        preconditioner: str | None = "diag", friction: float | None = None,
+        decay_always: float | None = None) -> dict:
     data, *_ = PROBLEMS[problem]
     x, y = data()
     parts, seconds, steps, frictions = [], 0.0, [], []
@@ -142,7 +153,8 @@ def run(problem: str, method: str, chains: int, warmup: int, draws: int, thin: i
         + ("" if subsample_size is None else f"-b{subsample_size}")
         + ("" if fraction == 0.2 or method == "NUTS" else f"-f{fraction}")
         + ("" if preconditioner == "diag" or method == "NUTS" else f"-{preconditioner}")
-        + ("" if friction is None or method != "SGHMC" else f"-c{friction:g}") + ".nc")
+        + ("" if friction is None or method != "SGHMC" else f"-c{friction:g}")
+        + ("" if decay_always is None or method != "SGHMC" else f"-a{decay_always:g}") + ".nc")
     if stored is not None and stored.exists():  # e.g. the NUTS reference of an earlier run
         idata = az.from_netcdf(stored)
         seconds = float(idata.attrs.get("seconds", math.nan))
@@ -151,7 +163,8 @@ def run(problem: str, method: str, chains: int, warmup: int, draws: int, thin: i
     for c in range(chains):
         pyro.set_rng_seed(100 + c)
         model = build(problem, c, None if method == "NUTS" else subsample_size)
-        kernel = kernel_for(method, model, thin, fraction, preconditioner, friction)
+        kernel = kernel_for(method, model, thin, fraction, preconditioner, friction,
+                            decay_always)
         mcmc = MCMC(kernel, num_samples=draws, warmup_steps=warmup, disable_progbar=True)
         start = time.perf_counter()
         mcmc.run(x, y)
@@ -197,6 +210,9 @@ def main() -> None:
                         else v, help="'diag' (default) or 'none' (SGLD and SGHMC)")
     parser.add_argument("--friction", type=float, default=None,
                         help="SGHMC's friction (default: its own, a momentum decay of 0.1)")
+    parser.add_argument("--decay-always", type=float, default=None,
+                        help="SGHMC ablation: the friction of this momentum decay per step from "
+                             "warmup's first estimate on")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
@@ -210,7 +226,7 @@ def main() -> None:
             results[method] = run(problem, method, args.chains, args.warmup, args.draws,
                                   args.thin, args.subsample_size, args.cache,
                                   args.stability_fraction, args.preconditioner,
-                                  args.friction)
+                                  args.friction, args.decay_always)
             r = results[method]
             print(f"{problem} {method}: {r['seconds']:.0f} s, ESS share {r['ess_share']:.2f}",
                   flush=True)
@@ -225,7 +241,8 @@ def main() -> None:
                 "max_pareto_k": r["max_k"], "noise_scale_mean": r["noise_mean"],
                 "adapted_step_size": r["step_size"], "seconds": r["seconds"],
                 "friction": (None if method != "SGHMC" else
-                             "default" if args.friction is None else args.friction),
+                             f"decay {args.decay_always:g} always" if args.decay_always
+                             else "default" if args.friction is None else args.friction),
                 "adapted_friction": r["friction"],
                 "chains": args.chains, "warmup": args.warmup, "draws": args.draws,
                 "thin": None if method == "NUTS" else args.thin,
@@ -281,9 +298,9 @@ def _write(rows: list[dict], args: argparse.Namespace) -> None:
     for r in rows:
         steps = ", ".join(f"{s:.2e}" for s in r["adapted_step_size"]) or "NUTS"
         friction = r.get("friction")
-        if friction == "default":
+        if isinstance(friction, str):
             chosen = ", ".join(f"{c:.3g}" for c in r.get("adapted_friction") or [])
-            friction = f"default ({chosen})"
+            friction = f"{friction} ({chosen})"
         lines.append(
             f"| {r['problem']} | {r['method']} | {r['elpd_loo']:.1f} | "
             f"{r['elpd_diff_to_nuts']:+.1f} ({r['dse']:.1f}) | {r['within_2_dse']} | "
@@ -297,8 +314,9 @@ def _write(rows: list[dict], args: argparse.Namespace) -> None:
         "# Warmup step-size adaptation against NUTS\n\n"
         "Rows from `python benchmarks/adaptation.py` (each row's chains, warmup, draws and SG "
         f"steps per draw are in `{name}.json`); the last invocation: {settings}. Adapted step: "
-        "the step size warmup chose, per chain; friction: SGHMC's, given or `default` (the "
-        "one of a momentum decay of 0.1 per step, as chosen per chain).\n\n" + text + "\n")
+        "the step size warmup chose, per chain; friction: SGHMC's, given, `default` or the "
+        "ablation `decay a always` (see the script's docstring), as chosen per chain."
+        "\n\n" + text + "\n")
 
 
 if __name__ == "__main__":
