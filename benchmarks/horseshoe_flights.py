@@ -14,7 +14,7 @@ momentum decays by 0.1 per step, chosen with the step; the column gives the valu
 
 Example::
 
-    python benchmarks/horseshoe_flights.py            # about 5 minutes on one core
+    python benchmarks/horseshoe_flights.py            # about 8 minutes on one core
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ CHAINS, WARMUP, DRAWS, THIN, SEED = 16, 100, 200, 50, 11
 FLIGHT = -0.55
 CONFIGS = (
     ("SGHMC", 0.02, 1.0), ("SGHMC", 0.02, 10.0), ("SGHMC", 0.01, 1.0), ("SGHMC", 0.01, 10.0),
+    ("SGHMC", 0.01, 3.0), ("SGHMC", 0.01, 5.0),
     ("SGHMC", None, 1.0), ("SGHMC", None, 13.0), ("SGHMC", None, None), ("SGLD", None, None),
 )
 
