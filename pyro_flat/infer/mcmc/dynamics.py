@@ -21,7 +21,7 @@ def resolve_dynamics(kernel: str, dynamics: str | None, friction: float | None
     """The checked ``(dynamics, friction)``: a ``friction`` belongs to the underdamped update,
     so it needs ``dynamics="underdamped"`` (before ``dynamics`` existed, a friction alone
     switched the update). ``None`` stays ``None``: the underdamped form then takes SGHMC's
-    default, the friction of a momentum decay of 0.1 per step
+    default, 1 until warmup sees a step throw the momentum
     (:class:`~pyro_flat.infer.mcmc.friction.NoiseFriction`)."""
     if dynamics is None:
         dynamics = "langevin"
