@@ -572,6 +572,12 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         now (after a run: the position its checkpoint holds)."""
         return state_fingerprint(self.position)
 
+    def importance_log_weights(self) -> torch.Tensor | None:
+        """The run's log importance weights per draw (``(draws,)``, or ``(draws, K)``) for a
+        kernel whose draws are reweighted before use (ContourSGLD); ``None``: the draws are
+        the target's as they are. The draws' check at the run's end reads them."""
+        return None
+
     def aux_generator_state(self) -> torch.Tensor:
         """State of ``aux_generator`` for a checkpoint (a kernel that draws ahead overrides)."""
         return self.aux_generator.get_state()
@@ -589,7 +595,8 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         try:
             self.warmup.warn_at_end()
             if not self.warmup.thinning_warned:
-                warn_if_draws_mix_slowly(type(self).__name__, self.draw_mixing.lowest_ess())
+                warn_if_draws_mix_slowly(type(self).__name__, self.draw_mixing.lowest_ess(
+                    self.importance_log_weights()))
             warn_if_momentum_ran_hot(type(self).__name__, self.momentum_watch, self.layout)
             self.checkpoints.end_run()
             stats = self.recorder.tensors(["diverging", "grad_norm"])

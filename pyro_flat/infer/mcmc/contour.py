@@ -22,6 +22,9 @@ from pyro_flat.infer.mcmc.state import KernelState, StateField
 #: their range (the flattened chain climbs above the warmup energies, hence more room on top).
 AUTO_MARGIN_BELOW = 0.1
 AUTO_MARGIN_ABOVE = 1.0
+#: ``auto_bins`` reads the energies of this last fraction of warmup: the chain's descent from
+#: its initial values, which depends on where it started and not on the target, is left out.
+AUTO_SETTLED_FRACTION = 0.5
 
 #: A chain's importance weights have collapsed when their effective sample size is below this
 #: many draws (half the draws for a run of fewer than ten): :func:`weights_ess_threshold`.
@@ -143,7 +146,9 @@ class ContourSGLD(SGMCMCKernel):
       edges nothing is flattened, so the partition must still bracket the barriers
       (``auto_bins`` leaves room above the warmup energies). ``diagnostics()`` reports the
       weights' effective sample size and the run warns when it collapses
-      (:func:`weights_ess_threshold`).
+      (:func:`weights_ess_threshold`); the draws' check at the end of a run measures the
+      effective sample size of the reweighted estimates, weights and autocorrelation
+      together, and warns below 5% of the draws (:mod:`.draw_mixing`).
 
     Parameters
     ----------
@@ -157,8 +162,13 @@ class ContourSGLD(SGMCMCKernel):
         Place the bins from the stochastic energies seen during warmup: during warmup the kernel
         runs plain SGLD (:math:`\mu = 1`, no SA updates) and collects :math:`\hat U`; at the
         first post-warmup step it fixes :math:`u_{\min} = \min - 0.1 r` and
-        :math:`\Delta u = 2.1 r / m` with ``r`` the warmup range (so the bins span
-        ``[min - 0.1 r, max + r]``: the flattened chain climbs above the warmup energies). The
+        :math:`\Delta u = 2.1 r / m` with ``min``, ``max`` and the range ``r`` those of the
+        energies of the last half of warmup (:data:`AUTO_SETTLED_FRACTION`), after the chain
+        has left its initial values: the bins span ``[min - 0.1 r, max + r]``, and the
+        flattened chain climbs up to one range of the target's energies above them. (The
+        descent from a random initialisation, hundreds of nats on a BNN, would otherwise set
+        the range, and the flattened chain would spend most of its time where the target has
+        no mass.) The
         partition stays fixed afterwards (also across :meth:`load_state_dict`). Needs
         ``warmup_steps >= 1``. Bins must bracket the energies the chain visits: never-visited
         bins keep their initial value and skew the multiplier (see ``diagnostics()``).
@@ -403,11 +413,14 @@ class ContourSGLD(SGMCMCKernel):
                                                dtype=torch.float64).unsqueeze(1) * i)
 
     def _fix_bins(self) -> None:
-        """Place each chain's bins from the finite energies it saw in warmup."""
+        """Place each chain's bins from the finite energies it saw in the last
+        :data:`AUTO_SETTLED_FRACTION` of warmup (all of warmup if none there is finite)."""
         lows, widths = [], []
         energies = self.state.warmup_energies
         for chain_energies in energies:
-            u = [x for x in chain_energies if math.isfinite(x)]
+            settled = chain_energies[int(len(chain_energies) * (1 - AUTO_SETTLED_FRACTION)):]
+            u = ([x for x in settled if math.isfinite(x)]
+                 or [x for x in chain_energies if math.isfinite(x)])
             if not u:
                 raise RuntimeError("auto_bins needs warmup_steps >= 1 with finite energies to "
                                    "place the energy bins")
@@ -631,6 +644,13 @@ class ContourSGLD(SGMCMCKernel):
         frac = ess / n if n else torch.full_like(ess, math.nan)
         return {"weights_ess": ess.tolist(), "weights_ess_fraction": frac.tolist(),
                 "weights_ess_threshold": weights_ess_threshold(n)}
+
+    def importance_log_weights(self) -> torch.Tensor | None:
+        """The run's ``log_weight`` per draw: the draws' check at the run's end measures the
+        ESS of the reweighted estimates (:mod:`.draw_mixing`). ``None`` at ``zeta = 0``."""
+        if self.zeta == 0.0:
+            return None
+        return self.recorder.tensors(["log_weight"]).get("log_weight")
 
     def cleanup(self) -> None:
         """End of a run: the base class's checks, then a ``RuntimeWarning`` when a chain's

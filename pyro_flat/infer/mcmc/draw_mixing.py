@@ -17,7 +17,24 @@ pooled over vectorised chains). The effective sample size is
 .. math:: \mathrm{ESS} = K n / \tau
 
 for :math:`K` chains of :math:`n` draws, and a run whose smallest ESS is below
-:data:`LOW_ESS_FRACTION` of its :math:`Kn` draws warns, naming the site. The memory is bounded:
+:data:`LOW_ESS_FRACTION` of its :math:`Kn` draws warns, naming the site.
+
+**Reweighted draws.** A kernel whose draws are estimates only once reweighted (ContourSGLD's
+``log_weight``) is checked on the estimates a user makes: each chain's self-normalised
+weighted mean :math:`\hat m_c = \sum_t w_{ct} f_{ct}` (:math:`w_c = \mathrm{softmax}` of the
+chain's log weights). By the delta method its variance is
+:math:`\tau_{h,c} \sum_t w_{ct}^2 (f_{ct} - \hat m_c)^2`, with :math:`\tau_{h,c}` the
+integrated autocorrelation time of :math:`h_{ct} = w_{ct}(f_{ct} - \hat m_c)`, and the
+chains' average has
+
+.. math:: \mathrm{ESS} = \bar\sigma^2 K^2 \Big/ \sum_c \tau_{h,c} \sum_t w_{ct}^2
+          (f_{ct} - \hat m_c)^2, \qquad \bar\sigma^2 = \frac1K \sum_c \sum_t w_{ct}
+          (f_{ct} - \hat m_c)^2,
+
+which is :math:`K n / \tau` for equal weights. It falls with the weights' spread (their own
+ESS, Kong's :math:`1/\sum_t w_t^2`) and with the autocorrelation together, so a run whose
+weights keep a tenth of its draws and whose draws keep a fifth of their number, each fine by
+itself, warns. The memory is bounded:
 past :data:`MAX_KEPT` draws the run keeps every second draw's summaries, then every fourth, and
 so on (:class:`DrawMixing`). A run of fewer than
 :data:`MIN_DRAWS` draws, a model with no such summary (a network whose every site is a
@@ -61,6 +78,8 @@ class LowestESS:
     element: int | None  # in the site's unconstrained flat vector; None: a one-element site
     num_draws: int
     fraction: float
+    #: Whether the ESS is that of the reweighted estimates (``lowest_ess(log_weight=...)``).
+    reweighted: bool = False
 
 
 class DrawMixing:
@@ -132,10 +151,14 @@ class DrawMixing:
                            out=self._kept[self._num_kept])
         self._num_kept += 1
 
-    def lowest_ess(self) -> LowestESS | None:
+    def lowest_ess(self, log_weight: torch.Tensor | None = None) -> LowestESS | None:
         """The smallest ESS over the summaries (``None``: fewer than :data:`MIN_DRAWS` draws or
-        nothing monitored); the draws kept so far are released."""
-        kept, num_kept, seen = self._kept, self._num_kept, self._seen
+        nothing monitored); the draws kept so far are released.
+
+        ``log_weight``: the run's log importance weights, one per draw (``(draws,)``, or
+        ``(draws, K)`` for vectorised chains; the last as many as were recorded are read); the
+        ESS is then that of the chains' reweighted means (see the module's text)."""
+        kept, num_kept, seen, stride = self._kept, self._num_kept, self._seen, self._stride
         self._kept, self._num_kept, self._seen, self._stride = None, 0, 0, 1
         if kept is None or num_kept < MIN_DRAWS:
             return None
@@ -143,6 +166,15 @@ class DrawMixing:
         finite = torch.isfinite(series).all(-1, keepdim=True)
         series = torch.where(finite, series, torch.zeros_like(series))
         chains = series.shape[0] if series.dim() > 2 else 1
+        if log_weight is not None and len(log_weight) >= seen:
+            lw = torch.as_tensor(log_weight, dtype=torch.float64).cpu()[len(log_weight) - seen:]
+            lw = lw[::stride][:num_kept].reshape(num_kept, chains).T  # (K, kept draws)
+            ess = _reweighted_ess(series.reshape(chains, -1, num_kept), lw)
+            worst = int(ess.argmin())
+            site, element = self._names[worst]
+            value = float(ess[worst])
+            return LowestESS(value, site, element, chains * seen, value / (chains * num_kept),
+                             reweighted=True)
         tau = integrated_autocorrelation_time(series, pooled=chains > 1)
         if tau.dim() > 1:  # a single vectorised chain: (1, summaries)
             tau = tau.max(0).values
@@ -159,10 +191,31 @@ def warn_if_draws_mix_slowly(kernel_name: str, lowest: LowestESS | None) -> None
         return
     element = "" if lowest.element is None else f" (element {lowest.element})"
     share = lowest.ess / lowest.num_draws
+    which = "reweighted draws'" if lowest.reweighted else "draws'"
+    why = ("the importance weights (see diagnostics()['weights_ess']) and the draws' "
+           "autocorrelation together leave few effective draws to reweighted estimates. Use a "
+           "smaller zeta, more SG steps per draw or a longer run" if lowest.reweighted else
+           "the chain had not settled when warmup ended, or it mixes more slowly than warmup "
+           "measured. Run a longer warmup (MCMC's warmup_steps) or more SG steps per draw")
     warnings.warn(
-        f"{kernel_name}: the draws' effective sample size for site {lowest.site!r}{element} is "
-        f"about {lowest.ess:.0f} of {lowest.num_draws} draws ({share:.1%}), below "
-        f"{LOW_ESS_FRACTION:.0%}: the chain had not settled when warmup ended, or it mixes more "
-        "slowly than warmup measured. Run a longer warmup (MCMC's warmup_steps) or more SG "
-        "steps per draw, and check the draws with arviz.ess and arviz.rhat",
+        f"{kernel_name}: the {which} effective sample size for site {lowest.site!r}{element} "
+        f"is about {lowest.ess:.0f} of {lowest.num_draws} draws ({share:.1%}), below "
+        f"{LOW_ESS_FRACTION:.0%}: {why}, and check the draws with arviz.ess and arviz.rhat",
         RuntimeWarning, stacklevel=4)
+
+
+def _reweighted_ess(series: torch.Tensor, log_weight: torch.Tensor) -> torch.Tensor:
+    """Per summary, the ESS of the chains' average of their self-normalised weighted means
+    (``series``: ``(K, summaries, n)``, ``log_weight``: ``(K, n)``; the module's text)."""
+    usable = torch.isfinite(log_weight).any(-1, keepdim=True)
+    w = torch.softmax(torch.where(usable, log_weight, 0.0), -1).unsqueeze(1)  # (K, 1, n)
+    w = torch.where(torch.isfinite(w), w, 0.0)
+    dev = series - (w * series).sum(-1, keepdim=True)
+    h = w * dev
+    variance = (h * dev).sum(-1)  # (K, summaries): each chain's weighted variance
+    tau = integrated_autocorrelation_time(h)
+    error = tau * h.square().sum(-1)  # each chain's mean's variance (delta method)
+    chains, n = series.shape[0], series.shape[-1]
+    ess = variance.mean(0) * chains**2 / error.sum(0).clamp(min=torch.finfo(h.dtype).tiny)
+    ess = torch.where(error.sum(0) > 0, ess, float(chains * n))  # a constant: nothing to err
+    return torch.where(usable.all(), ess, torch.zeros_like(ess))

@@ -644,6 +644,28 @@ def test_each_run_places_its_own_auto_bins():
     assert float(first[-1]) < 100 < float(second[0])
 
 
+def test_auto_bins_do_not_depend_on_the_start():
+    """``N(0, I_10)``, 16 chains from the mode and 16 from ``x = 10`` (energy 500), 40 warmup
+    draws of 10 SG steps at step 0.05: a coordinate relaxes by a factor 0.95 a step, so the
+    far chains reach the target's energies (chi^2_10 / 2: mean 5, sd 2.2) in about 150 steps,
+    within the first half of warmup, which ``auto_bins`` leaves out. Both groups' bins are then
+    placed from the target's energies: every upper edge below 60 (the range of 200
+    autocorrelated energies of that law is under 20 by far, so ``max + r`` is under 45), and
+    the two groups' median widths within a factor 1.5 (each median of 16 ranges). Placed from
+    all of warmup, the far chains' bins would reach above 1,000."""
+    k = 16
+    start = torch.cat([torch.zeros(k, 10), torch.full((k, 10), 10.0)])
+    kernel = ContourSGLD(potential_fn=lambda p: 0.5 * p["x"].square().sum(-1),
+                         initial_params={"x": start}, step_size=0.05, num_bins=10,
+                         auto_bins=True, num_steps_per_sample=10, vectorized_chains=2 * k)
+    harness.run(kernel, 2, 40, 0)
+    edges = kernel.energy_edges  # (chains, bins + 1)
+    widths = edges[:, 1] - edges[:, 0]
+    assert float(edges[:, -1].max()) < 60
+    near, far = float(widths[:k].median()), float(widths[k:].median())
+    assert 1 / 1.5 < far / near < 1.5
+
+
 @pytest.mark.parametrize("value, shown", [(9.0, "9.0"), (-8.5, "-8.5"), (math.nan, "nan")])
 def test_a_start_outside_the_box_is_refused(value, shown):
     """Every step from outside the box (or from nan) would be rejected: refuse to start."""
