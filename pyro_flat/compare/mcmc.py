@@ -100,10 +100,9 @@ def _sasgld(model: BNN, ctx: Context) -> _Built:
     return kernel, p.num_draws, p.warmup_draws, 2
 
 
-#: Number of bins of ContourSGLD's energy partition, placed from the warmup energies
-#: (``auto_bins``), with the paper's flattening and SA gain (``Settings.contour_zeta``, default
-#: 0.75). At the energy scale of these BNNs the multiplier stays near 1, so the chain is close to
-#: SGLD (see docs/methods/contour_sgld.md, "When to prefer it").
+#: Number of bins of ContourSGLD's energy partition, placed from the energies of the last half
+#: of warmup (``auto_bins``), with the paper's flattening and SA gain (``Settings.contour_zeta``,
+#: default 0.75; see docs/methods/contour_sgld.md, "When to prefer it").
 CONTOUR_BINS = 100
 
 
