@@ -657,14 +657,12 @@ class ContourSGLD(SGMCMCKernel):
         importance weights collapsed (:func:`weights_ess_threshold`)."""
         ended = self.state is None or self.checkpoints.run_ended
         super().cleanup()
-        if ended or self.zeta == 0.0:
+        log_weight = None if ended else self.importance_log_weights()
+        if log_weight is None or len(log_weight) == 0:
             return
-        stats = self.recorder.tensors(["log_weight"])
-        if "log_weight" not in stats or len(stats["log_weight"]) == 0:
-            return
-        n = int(stats["log_weight"].shape[0])
+        n = int(log_weight.shape[0])
         threshold = weights_ess_threshold(n)
-        ess = weights_ess(stats["log_weight"]).reshape(-1).tolist()
+        ess = weights_ess(log_weight).reshape(-1).tolist()
         low = [(c, e) for c, e in enumerate(ess) if e < threshold]
         if not low:
             return
