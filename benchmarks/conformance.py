@@ -13,6 +13,11 @@ Examples::
     python benchmarks/conformance.py --models linreg horseshoe --kernels SGLD SGHMC
     python benchmarks/conformance.py --cells 'mlp_hier/*/plate/*/vectorized'
     python benchmarks/conformance.py --fast                   # the CI cells, fast budget
+    python benchmarks/conformance.py --models bnn_homoskedastic --compile auto
+
+``--compile auto`` runs every kernel with ``compile="auto"`` (the potential compiled where
+pyro_flat can read the model and a trial finds it faster; ``tests/conformance/matrix.py``);
+the table marks the cells that ran compiled.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import fnmatch
 import json
 import multiprocessing
+import os
 import platform
 import sys
 import time
@@ -35,6 +41,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from conformance.matrix import (  # noqa: E402
     CHAIN_MODES,
+    COMPILE_MODES,
+    COMPILE_VARIABLE,
     DATA_MODES,
     KERNELS,
     STEP_MODES,
@@ -95,6 +103,8 @@ def write(results: dict[str, dict], meta: dict, name: str) -> None:
     for cid in sorted(results):
         r = results[cid]
         reason = r["reason"].replace("|", "/").replace("\n", " ")[:240]
+        if r.get("settings", {}).get("compile", {}).get("used"):
+            reason = "compiled potential. " + reason
         lines.append(f"| {cid} | {r['outcome']} | {r['seconds']:.0f} | {worst_row(r)} | "
                      f"{reason} |")
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
@@ -132,7 +142,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="keep the cells already in the results file and skip them")
     parser.add_argument("--jobs", type=int, default=1,
                         help="cells run at a time, each in a worker process (default 1)")
+    parser.add_argument("--compile", choices=sorted(COMPILE_MODES), default=None,
+                        help="the kernels' compile=: off (False, the default) or auto "
+                             f"(sets {COMPILE_VARIABLE})")
     args = parser.parse_args(argv)
+    if args.compile is not None:
+        os.environ[COMPILE_VARIABLE] = args.compile  # read by the cells, here and in workers
     torch.set_num_threads(1)
     budget = "fast" if args.fast else "slow"
     name = args.name or ("conformance_fast" if args.fast else "conformance")

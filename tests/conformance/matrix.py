@@ -86,6 +86,16 @@ posterior:
 ``cnn_train`` (BatchNorm with batch statistics, Dropout on) has no posterior to compare with:
 its cells check only that the run completes with finite draws.
 
+**The compiled potential** (``PYRO_FLAT_CONFORMANCE_COMPILE=auto``, ``benchmarks/conformance.py
+--compile auto``): every kernel gets ``compile="auto"`` instead of the default ``False``, so a
+model whose structure pyro_flat reads (a ``BNN`` with a built-in likelihood,
+:func:`~pyro_flat.target.network_potential.read_network`) runs the compiled potential where
+its trial finds it faster, and any other model the eager path. The update and every other
+setting are the same; the compiled potential is checked against the eager one at the chain's
+start, and the draws equal the eager path's to float rounding. It serves the slow cells of the
+small networks, whose eager SG step is mostly Pyro's per-site overhead (4-7 times faster
+compiled). What a cell ran is in its ``settings["compile"]``.
+
 **Export.** Every cell also exports its run with :func:`pyro_flat.to_arviz`, as a user would,
 and checks that each observed site's log-likelihood holds one value per data point and that
 the export left a module model's buffers and training flags as they were.
@@ -104,6 +114,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import os
 import re
 import time
 import warnings
@@ -140,6 +151,11 @@ STEP_MODES = ("given", "adapted")
 CHAIN_MODES = ("single", "vectorized")
 #: ``vectorized_chains`` of the vectorised cells.
 NUM_VECTORIZED = 4
+
+#: The environment variable that sets the kernels' ``compile=`` (``"off"``: the default
+#: ``False``; ``"auto"``); see the module's text.
+COMPILE_VARIABLE = "PYRO_FLAT_CONFORMANCE_COMPILE"
+COMPILE_MODES = {"off": False, "auto": "auto"}
 
 #: Standard errors of the check (a false failure of one check: about 6e-5 for a Gaussian).
 Z = 4.0
@@ -423,6 +439,15 @@ def steps_per_draw(cell: Cell, num_data: int, budget: str = "slow") -> int:
     return thin * (1 + round(num_data / s.batch)) if cell.data != "full" else thin
 
 
+def compile_setting() -> bool | str:
+    """The kernels' ``compile=`` from :data:`COMPILE_VARIABLE` (default ``"off"``: ``False``)."""
+    value = os.environ.get(COMPILE_VARIABLE, "off")
+    if value not in COMPILE_MODES:
+        raise ValueError(f"{COMPILE_VARIABLE} must be one of {sorted(COMPILE_MODES)}, got "
+                         f"{value!r}")
+    return COMPILE_MODES[value]
+
+
 def make_kernel(cell: Cell, model: Any, curvature: float, num_data: int,
                 budget: str = "slow") -> Any:
     """The kernel of a cell (see the module docstring for every setting)."""
@@ -434,6 +459,7 @@ def make_kernel(cell: Cell, model: Any, curvature: float, num_data: int,
     common: dict[str, Any] = {
         "subsample_size": s.batch if cell.data == "subsample" else None,
         "vectorized_chains": NUM_VECTORIZED if cell.chains == "vectorized" else None,
+        "compile": compile_setting(),
     }
     step = {"step_size": eps} if given else {}
     k = cell.kernel
@@ -678,6 +704,7 @@ def run_cell(cell: Cell, budget: str = "slow", reference: dict[str, Any] | None 
             mcmc = MCMC(kernel, num_samples=num_draws, warmup_steps=warmup,
                         disable_progbar=True)
             mcmc.run(*data.args)
+            result.settings["compile"] = _compilation(kernel)
             draws, log_weight = _run_draws(cell, mcmc)
             chains, n = next(iter(draws.values())).shape[:2]
             exported = export_rows(mcmc, problem, model, chains, n)
@@ -708,6 +735,14 @@ def run_cell(cell: Cell, budget: str = "slow", reference: dict[str, Any] | None 
             seen.append(msg)
     result.warnings = seen[:10]
     return result
+
+
+def _compilation(kernel: Any) -> dict[str, Any]:
+    """What the kernel's ``compile=`` chose for its run (``requested``, ``used``, ``reason``)."""
+    chosen = kernel.compilation
+    if chosen is None:
+        return {"requested": kernel.compile, "used": False, "reason": "not set up"}
+    return {"requested": chosen.requested, "used": chosen.used, "reason": chosen.reason}
 
 
 def classify(cell: Cell, result: CellResult) -> CellResult:

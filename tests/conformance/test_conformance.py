@@ -176,3 +176,21 @@ def test_an_inconclusive_cell_continues_its_chains(monkeypatch) -> None:
     result = matrix.run_cell(cell, "fast")
     assert not any(r.note.startswith("inconclusive") for r in result.rows)
     assert result.settings["draws_per_chain"] == 100
+
+
+def test_the_compile_setting_reaches_every_kernel(monkeypatch) -> None:
+    """``PYRO_FLAT_CONFORMANCE_COMPILE``: off gives the kernels' default ``compile=False``,
+    auto gives ``compile="auto"`` to every kernel, anything else is an error naming it."""
+    from .matrix import COMPILE_VARIABLE, KERNELS, make_kernel
+
+    problem = PROBLEMS["linreg"]
+    model = problem.build(None)
+    for value, expected in (("off", False), ("auto", "auto")):
+        monkeypatch.setenv(COMPILE_VARIABLE, value)
+        for kernel in KERNELS:
+            built = make_kernel(Cell("linreg", kernel, "full", "given", "single"), model, 10.0,
+                                200)
+            assert built.compile == expected, (kernel, value)
+    monkeypatch.setenv(COMPILE_VARIABLE, "yes")
+    with pytest.raises(ValueError, match=COMPILE_VARIABLE):
+        make_kernel(Cell("linreg", "SGLD", "full", "given", "single"), model, 10.0, 200)
