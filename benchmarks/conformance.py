@@ -82,10 +82,18 @@ def worst_row(result: dict) -> str:
             f"(tol {r['tolerance']:.3g}, bias part {r['bias']:.3g}, ESS {r['ess']:.0f})")
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to a file beside ``path`` and rename it to ``path``: a run killed while
+    writing keeps the results file of the cell before (``--resume`` reads it)."""
+    temporary = path.with_name(path.name + ".partial")
+    temporary.write_text(text)
+    temporary.replace(path)
+
+
 def write(results: dict[str, dict], meta: dict, name: str) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(
-        json.dumps({"meta": meta, "cells": results}, indent=1) + "\n")
+    write_atomically(RESULTS / f"{name}.json",
+                     json.dumps({"meta": meta, "cells": results}, indent=1) + "\n")
     counts = Counter(r["outcome"] for r in results.values())
     lines = [
         "# Conformance matrix",
@@ -107,7 +115,7 @@ def write(results: dict[str, dict], meta: dict, name: str) -> None:
             reason = "compiled potential. " + reason
         lines.append(f"| {cid} | {r['outcome']} | {r['seconds']:.0f} | {worst_row(r)} | "
                      f"{reason} |")
-    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    write_atomically(RESULTS / f"{name}.md", "\n".join(lines) + "\n")
 
 
 def run_one(cell: Cell, budget: str) -> dict:

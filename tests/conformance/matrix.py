@@ -93,7 +93,7 @@ model whose structure pyro_flat reads (a ``BNN`` with a built-in likelihood,
 its trial finds it faster, and any other model the eager path. The update and every other
 setting are the same; the compiled potential is checked against the eager one at the chain's
 start, and the draws equal the eager path's to float rounding. It serves the slow cells of the
-small networks, whose eager SG step is mostly Pyro's per-site overhead (4-7 times faster
+small networks, whose eager SG step is mostly Pyro's per-site overhead (4-16 times faster
 compiled). What a cell ran is in its ``settings["compile"]``.
 
 **Export.** Every cell also exports its run with :func:`pyro_flat.to_arviz`, as a user would,
@@ -738,11 +738,11 @@ def run_cell(cell: Cell, budget: str = "slow", reference: dict[str, Any] | None 
 
 
 def _compilation(kernel: Any) -> dict[str, Any]:
-    """What the kernel's ``compile=`` chose for its run (``requested``, ``used``, ``reason``)."""
+    """What the kernel's ``compile=`` chose for its run (its ``diagnostics()["compile"]``)."""
     chosen = kernel.compilation
     if chosen is None:
         return {"requested": kernel.compile, "used": False, "reason": "not set up"}
-    return {"requested": chosen.requested, "used": chosen.used, "reason": chosen.reason}
+    return chosen.as_dict()
 
 
 def classify(cell: Cell, result: CellResult) -> CellResult:
