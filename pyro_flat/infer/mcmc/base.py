@@ -41,6 +41,10 @@ from pyro_flat.infer.mcmc.chain import Chains
 from pyro_flat.infer.mcmc.chains import ChainStreams
 from pyro_flat.infer.mcmc.checkpoint import Checkpoints, state_fingerprint
 from pyro_flat.infer.mcmc.compilation import Compilation, check_compile, set_up_compilation
+from pyro_flat.infer.mcmc.configurational_temperature import (
+    ConfigurationalTemperature,
+    warn_if_temperature_off,
+)
 from pyro_flat.infer.mcmc.divergence import DivergencePolicy, warn_if_blown_up
 from pyro_flat.infer.mcmc.draw_layout import DrawLayout
 from pyro_flat.infer.mcmc.draw_mixing import DrawMixing, warn_if_draws_mix_slowly
@@ -53,6 +57,7 @@ from pyro_flat.infer.mcmc.stepper import SGStepper, StepResult
 from pyro_flat.infer.mcmc.thinning import monitored_sites
 from pyro_flat.infer.mcmc.update_rule import UpdateRule
 from pyro_flat.infer.mcmc.warmup import Warmup
+from pyro_flat.models.batchnorm import find_batchnorm, kept_running_stats
 from pyro_flat.target.layout import FlatLayout
 from pyro_flat.target.minibatch import ChainMinibatches
 from pyro_flat.target.network_potential import read_network
@@ -432,6 +437,9 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         #: The summaries of the draws after warmup, whose ESS the run's end checks
         #: (:mod:`.draw_mixing`).
         self.draw_mixing = DrawMixing(monitored_sites(layout, self.model))
+        #: The draws' configurational temperature against the target's
+        #: (:mod:`.configurational_temperature`).
+        self.configurational_temperature = ConfigurationalTemperature(layout.sites, k or 1)
         #: The momenta of the draws after warmup against their law (:mod:`.momentum_watch`;
         #: ``None``: a kernel without one to watch).
         self.momentum_watch = (MomentumWatch(k or 1, layout.size, z.device)
@@ -505,6 +513,7 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         if self._draw >= self._warmup_steps:
             self._record_draw()
             self.draw_mixing.record(z)
+            self._read_temperature_at_draw()
             if self.momentum_watch is not None:
                 self.momentum_watch.record(self.state.momentum,
                                            self.momentum_sd(self.current_step_size()))
@@ -545,6 +554,9 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
             out["momentum_watch"] = self.momentum_watch.as_dict()
         if self.compilation is not None:
             out["compile"] = self.compilation.as_dict()
+        temperature = self.draws_temperature()
+        if temperature:
+            out["configurational_temperature"] = temperature
         if self.vectorized_chains is not None:
             out["vectorized_chains"] = self.vectorized_chains
         return out
@@ -578,6 +590,16 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         the target's as they are. The draws' check at the run's end reads them."""
         return None
 
+    def draws_temperature(self) -> dict[str, dict[str, float]]:
+        """The draws' configurational temperature over the target's, per site and for the
+        whole position (``"all"``), with standard errors (:mod:`.configurational_temperature`;
+        reweighted for a kernel with :meth:`importance_log_weights`). Empty for fewer than
+        40 draws or ``temperature=0``."""
+        if not self.temperature > 0:
+            return {}
+        return self.configurational_temperature.estimate(self.temperature,
+                                                         self.importance_log_weights())
+
     def aux_generator_state(self) -> torch.Tensor:
         """State of ``aux_generator`` for a checkpoint (a kernel that draws ahead overrides)."""
         return self.aux_generator.get_state()
@@ -598,6 +620,9 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
                 warn_if_draws_mix_slowly(type(self).__name__, self.draw_mixing.lowest_ess(
                     self.importance_log_weights()))
             warn_if_momentum_ran_hot(type(self).__name__, self.momentum_watch, self.layout)
+            if self.follows_target:
+                warn_if_temperature_off(type(self).__name__, self.draws_temperature(),
+                                        self.temperature)
             self.checkpoints.end_run()
             stats = self.recorder.tensors(["diverging", "grad_norm"])
             if "diverging" not in stats or not len(stats["diverging"]):
@@ -717,10 +742,27 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
         self.recorder.open_draw({name: self.outward(rows) for name, rows in known.items()},
                                 {name: self.outward(rows) for name, rows in defaults.items()})
 
+    def _read_temperature_at_draw(self) -> None:
+        """A minibatched run's term of the configurational temperature at the draw, on a batch
+        of its own (:mod:`.configurational_temperature`; a data-parallel chain's evaluation is
+        summed over ranks, so it reads none)."""
+        watch, batches = self.configurational_temperature, self.minibatches
+        if batches is None or self.data_shard is not None or not watch.wants(self.num_steps):
+            return
+        z = self.chains.position
+        batch = watch.independent_batch(batches.size, batches.batch_size, self.num_steps,
+                                        self.potential_chains is not None, z.device)
+        with self._random_streams_kept(), kept_running_stats(find_batchnorm(self.model)):
+            u, grad = self.evaluate_rows(batch)
+        finite = torch.isfinite(u) & torch.isfinite(grad).all(-1)
+        watch.record(z, grad, finite)
+
     def _keep_draw_closing(self, at: StepResult) -> None:
         """The potential at the pending draw, kept on the device until the draw's SG steps
         end (:meth:`_close_pending_draw`); a kernel whose statistics at a draw read its state
         before the update closes it at once."""
+        if self.minibatches is None:  # a full batch (or one the model draws independently)
+            self.configurational_temperature.record(self.chains.position, at.grad, at.finite)
         if type(self).statistics_at_draw is not UpdateRule.statistics_at_draw:
             self._close_draw(at)
             return
@@ -757,8 +799,10 @@ class SGMCMCKernel(UpdateRule, MCMCKernel):
             batch = self.peek_batch()
             u, grad = self.evaluate_rows(batch)
             gnorm = torch.linalg.vector_norm(grad, dim=-1)
-        self._close_draw(StepResult(u, gnorm, torch.isfinite(u) & torch.isfinite(gnorm),
-                                    self._last.step_size))
+        finite = torch.isfinite(u) & torch.isfinite(gnorm)
+        if self.minibatches is None:
+            self.configurational_temperature.record(self.chains.position, grad, finite)
+        self._close_draw(StepResult(u, gnorm, finite, self._last.step_size))
 
     def _next_batch(self) -> torch.Tensor | None:
         """The next minibatch indices (one row per chain for vectorised chains), or None."""

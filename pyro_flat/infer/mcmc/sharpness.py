@@ -126,6 +126,7 @@ class SASGLD(SGMCMCKernel):
     stat_names = SGMCMCKernel.stat_names + ("sharpness",)
     supports_adaptation = True
     supports_preconditioner = False  # a metric would reshape the ball of radius rho
+    follows_target = False  # its draws follow q_SA, not pi_T
 
     def __init__(
         self,

@@ -44,14 +44,16 @@ Update = Callable[[KernelState, Estimate, float], None]
 
 class StepResult(NamedTuple):
     """What one SG step saw: per chain, the potential and gradient norm at the position the step
-    started from, which chains were finite (``None``: all), the step size, and the
-    estimator's statistics."""
+    started from, which chains were finite (``None``: all), the step size, the estimator's
+    statistics, and the gradient there (``(K, d)``, the target's buffer: valid until the next
+    evaluation; ``None`` where not kept)."""
 
     energy: torch.Tensor
     grad_norm: torch.Tensor
     finite: torch.Tensor | None
     step_size: float
     stats: dict[str, Any] = {}
+    grad: torch.Tensor | None = None
 
 
 class SGStepper:
@@ -111,7 +113,7 @@ class SGStepper:
             finite = torch.isfinite(estimate.energy) & torch.isfinite(gnorm)
             all_finite = bool(finite.all())
         result = StepResult(estimate.energy, gnorm, None if all_finite else finite, step_size,
-                            estimate.stats)
+                            estimate.stats, estimate.grad)
         if evaluated is not None:
             evaluated(result)
         bad = None if all_finite else ~finite
@@ -139,7 +141,8 @@ class SGStepper:
         """The step of every chain, the non-finite ones' rows put back on the device."""
         chains, state = self.chains, self.chains.state
         finite = torch.isfinite(estimate.energy) & torch.isfinite(gnorm)
-        result = StepResult(estimate.energy, gnorm, finite, step_size, estimate.stats)
+        result = StepResult(estimate.energy, gnorm, finite, step_size, estimate.stats,
+                            estimate.grad)
         if evaluated is not None:
             evaluated(result)
         bad = ~finite

@@ -142,6 +142,11 @@ class UpdateRule:
         """The friction of an underdamped update (``None``: a Langevin update)."""
         return None
 
+    #: Whether the draws (reweighted, for a kernel with importance weights) follow the target
+    #: :math:`\pi_T`, so that a run warns when their configurational temperature is far from
+    #: ``T`` (:mod:`.configurational_temperature`); otherwise it is only reported.
+    follows_target: bool = True
+
     #: Whether a run reads the momentum against its law :math:`\mathcal N(0, MT)` for the
     #: sign of an unstable step (:mod:`.momentum_watch`; L2E's meta-learned update does not
     #: hold that law).
