@@ -13,6 +13,7 @@ import torch
 from pyro_flat import validation
 from pyro_flat.infer.mcmc import adaptation
 from pyro_flat.infer.mcmc.base import SGMCMCKernel
+from pyro_flat.infer.mcmc.energy_noise import NOISE_BOUND, energy_noise
 from pyro_flat.infer.mcmc.estimators import Estimate
 from pyro_flat.infer.mcmc.integrators import langevin_step_
 from pyro_flat.infer.mcmc.sgld import NOISE
@@ -168,7 +169,12 @@ class ContourSGLD(SGMCMCKernel):
         flattened chain climbs up to one range of the target's energies above them. (The
         descent from a random initialisation, hundreds of nats on a BNN, would otherwise set
         the range, and the flattened chain would spend most of its time where the target has
-        no mass.) The
+        no mass.) Minibatched (``subsample_size`` or a subsampled plate), the same energies
+        also give each chain's minibatch energy noise and the spread of its energies
+        (:mod:`~pyro_flat.infer.mcmc.energy_noise`, ``diagnostics()["energy_noise"]``): a chain
+        whose noise is above the spread does not flatten (it runs as SGLD, with ``log_weight``
+        0; the run warns), since its draws' bins, its ``g`` and its weights would follow the
+        noise. The
         partition stays fixed afterwards (also across :meth:`load_state_dict`). Needs
         ``warmup_steps >= 1``. Bins must bracket the energies the chain visits: never-visited
         bins keep their initial value and skew the multiplier (see ``diagnostics()``).
@@ -334,6 +340,9 @@ class ContourSGLD(SGMCMCKernel):
                        init=lambda state: [[] for _ in range(rows)]),
             StateField("num_rejected", "SG steps rejected by bounds",
                        init=lambda state: per_chain(0)),
+            StateField("energy_noise", "(noise sd, spread sd) of the minibatch energies, "
+                       "measured when auto_bins places the bins (None: not measured)",
+                       init=lambda state: per_chain(None)),
         ]
         if self.bounds is not None:
             fields.append(StateField("before", "the position before a step that bounds may "
@@ -414,11 +423,15 @@ class ContourSGLD(SGMCMCKernel):
 
     def _fix_bins(self) -> None:
         """Place each chain's bins from the finite energies it saw in the last
-        :data:`AUTO_SETTLED_FRACTION` of warmup (all of warmup if none there is finite)."""
-        lows, widths = [], []
+        :data:`AUTO_SETTLED_FRACTION` of warmup (all of warmup if none there is finite), and,
+        minibatched, measure their noise against their spread (:mod:`.energy_noise`)."""
+        lows, widths, noise = [], [], []
         energies = self.state.warmup_energies
+        batches = self.minibatches
+        per_epoch = None if batches is None else batches.size // batches.batch_size
         for chain_energies in energies:
-            settled = chain_energies[int(len(chain_energies) * (1 - AUTO_SETTLED_FRACTION)):]
+            first = int(len(chain_energies) * (1 - AUTO_SETTLED_FRACTION))
+            settled = chain_energies[first:]
             u = ([x for x in settled if math.isfinite(x)]
                  or [x for x in chain_energies if math.isfinite(x)])
             if not u:
@@ -428,8 +441,41 @@ class ContourSGLD(SGMCMCKernel):
             r = max(hi - lo, 1e-6 * max(abs(lo), 1.0))
             lows.append(lo - AUTO_MARGIN_BELOW * r)
             widths.append((1 + AUTO_MARGIN_BELOW + AUTO_MARGIN_ABOVE) * r / self.num_bins)
+            if per_epoch is None:
+                noise.append(None)
+            else:  # from the first epoch in the settled part (warmup starts an epoch)
+                start = -(-first // per_epoch) * per_epoch
+                noise.append(energy_noise(chain_energies[start:], per_epoch))
         self.state.min_energy, self.state.bin_width = lows, widths
+        self.state.energy_noise = noise
         self.state.warmup_energies = [[] for _ in energies]
+        self._warn_if_energies_too_noisy()
+
+    def flattens(self) -> list[bool]:
+        """Per chain, whether it flattens: ``False`` for a minibatched chain whose energy noise
+        is above :data:`~.energy_noise.NOISE_BOUND` times their spread (``auto_bins``), which
+        runs as SGLD with ``log_weight`` 0 (see ``auto_bins``)."""
+        return [m is None or m[0] <= NOISE_BOUND * m[1] for m in self.state.energy_noise]
+
+    def _warn_if_energies_too_noisy(self) -> None:
+        noisy = [(c, m) for c, (m, ok) in enumerate(zip(self.state.energy_noise, self.flattens(),
+                                                        strict=True)) if not ok]
+        if not noisy:
+            return
+        which = ("the chain's" if self.vectorized_chains is None else
+                 f"{len(noisy)} of {len(self.state.energy_noise)} chains' (chain "
+                 + ", ".join(str(c) for c, _ in noisy[:5]) + ("..." if len(noisy) > 5 else "")
+                 + ")")
+        c, (noise, spread) = max(noisy, key=lambda item: item[1][0] / max(item[1][1], 1e-300))
+        warnings.warn(
+            f"ContourSGLD: {which} minibatch energies scatter by {noise:.3g} nats (sd) around "
+            f"the energy, more than the spread of the target's energies along the chain "
+            f"({spread:.3g} nats; chain {c}), measured in warmup: a draw's energy bin would be "
+            "mostly noise, and so would the flattening and the weights. Those chains do not "
+            "flatten: they run as SGLD, with log_weight 0. Use a larger subsample_size (the "
+            "noise falls as 1/sqrt(B)) or the full batch to flatten; see "
+            "diagnostics()['energy_noise']",
+            RuntimeWarning, stacklevel=2)
 
     def _observe_energies(self, energies: list[float], active: list[bool]) -> None:
         """With ``auto_bins``: keep warmup energies, place the bins at the first step after."""
@@ -514,7 +560,10 @@ class ContourSGLD(SGMCMCKernel):
         width_of_row = width.squeeze(-1) if torch.is_tensor(width) else width
         lower = lo + width_of_row * j.squeeze(-1).double()
         phi = edges.gather(-1, j).squeeze(-1) + slope.gather(-1, j).squeeze(-1) * (u - lower)
-        return self.zeta * phi
+        flat = torch.tensor(self.flattens() if self.state is not None else [True])
+        if g.dim() == 1:  # chain 0's
+            flat = flat[0]
+        return torch.where(flat, self.zeta * phi, 0.0)  # a chain that does not flatten: 0
 
     def stability_limit(self, curvature: float) -> float:
         r"""The Langevin limit at the curvature times the largest multiplier the clip allows
@@ -581,6 +630,7 @@ class ContourSGLD(SGMCMCKernel):
                  for hi, lo, w in zip(g[rows, jm].tolist(), g[rows, jm - 1].tolist(), widths,
                                       strict=True)]
         inside = self.inside_partition(u).tolist()  # outside: the plain gradient
+        inside = [ok and flat for ok, flat in zip(inside, self.flattens(), strict=True)]
         if active is not None:
             inside = [ok and a for ok, a in zip(inside, active, strict=True)]
         return [m if ok else 1.0 for m, ok in zip(mults, inside, strict=True)]
@@ -631,6 +681,9 @@ class ContourSGLD(SGMCMCKernel):
         out["energy_edges"] = self.energy_edges if self.bins_fixed else None
         out["num_sa_updates"] = self.outward(self.state.num_sa_updates)
         out["num_rejected"] = self.num_rejected
+        out["energy_noise"] = self.outward(
+            [None if m is None else {"noise": m[0], "spread": m[1]}
+             for m in self.state.energy_noise])
         out.update(self._weights_ess(out["sample_stats"]
                                      or self.recorder.tensors(["log_weight"])))
         return out

@@ -160,13 +160,14 @@ def test_the_terms_are_read_at_the_draws_with_the_gradient_there():
 @pytest.mark.parametrize("subsample_size", [None, 50])
 def test_a_chain_that_samples_the_target_reads_about_one(subsample_size):
     """SGLD with warmup's step, 4 vectorised chains, full batch and minibatched (B = N/8): every
-    site within ``Z`` standard errors of 1 plus the Langevin step's bias (at most 15% at the
-    adapted step, 1/(1 - eps h / 2) at eps h <= 0.25), and no warning."""
+    site within ``Z`` standard errors of 1 plus the Langevin step's bias (1/(1 - eps h / 2)
+    along a direction of curvature h: at most 25% at the adapted step, eps h = 0.4 at the top
+    curvature), and no warning."""
     pyro.set_rng_seed(1)
     kernel = SGLD(regression, num_steps_per_sample=10, vectorized_chains=4)
     _, estimate, said = _run(kernel, 400, 300, subsample_size)
     for e in estimate.values():
-        assert abs(e["ratio"] - 1.0) < Z * e["se"] + 0.15, estimate
+        assert -Z * e["se"] < e["ratio"] - 1.0 < Z * e["se"] + 0.25, estimate
     assert not said
 
 
@@ -197,3 +198,56 @@ def test_a_step_near_its_stability_limit_runs_hot_and_warns():
     assert estimate["w"]["ratio"] - Z * estimate["w"]["se"] > HIGH_RATIO
     assert len(said) == 1 and "wider than the target's" in said[0]
     assert not math.isnan(estimate["all"]["ratio"])
+
+
+@pytest.mark.parametrize("chains", [None, 2])
+def test_reading_a_minibatched_draw_leaves_the_chain_as_it_was(monkeypatch, chains):
+    """The reading's own batch touches no random stream of the chain: the draws of a
+    minibatched run are the same to the bit with and without it."""
+    def draws(read: bool) -> dict[str, torch.Tensor]:
+        if not read:
+            monkeypatch.setattr(ConfigurationalTemperature, "wants", lambda self, step: False)
+        pyro.set_rng_seed(4)
+        kernel = SGLD(regression, step_size=2e-4, num_steps_per_sample=13,
+                      vectorized_chains=chains)
+        mcmc = MCMC(kernel, num_samples=60, warmup_steps=10, disable_progbar=True)
+        mcmc.run(X, Y, 50)
+        assert kernel.configurational_temperature.num_draws == (30 if read else 0)
+        return mcmc.get_samples()
+
+    read, unread = draws(True), draws(False)
+    for name in read:
+        assert torch.equal(read[name], unread[name]), name  # (30 reads: every 2nd draw)
+
+
+NOISE = 0.5
+
+
+def fixed_noise_regression(x, y, subsample_size=None):
+    """Bayesian linear regression with a known noise scale: a Gaussian posterior."""
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    with pyro.plate("data", len(x), subsample_size=subsample_size) as i:
+        pyro.sample("y", dist.Normal(x[i] @ w, NOISE), obs=y[i])
+
+
+@pytest.mark.slow
+def test_a_minibatched_reading_is_the_spread_of_the_draws():
+    """On a Gaussian posterior (precision P = I + X^T X / sigma^2) the reading of a chain's draws
+    is tr(P Sigma_q) / d, Sigma_q their covariance within each chain: checked on L2E's too
+    narrow minibatched draws (B = N/4, 4 vectorised chains), where the kernel's own epoch-wise
+    batches would read about twice too hot. Tolerance: 3 standard errors of the reading plus
+    20% for the sample covariance of the draws (each chain's 600 draws, ESS about 100-200)."""
+    pyro.set_rng_seed(5)
+    kernel = L2E(fixed_noise_regression, num_steps_per_sample=10, vectorized_chains=4)
+    mcmc = MCMC(kernel, num_samples=600, warmup_steps=200, disable_progbar=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mcmc.run(X, Y, 100)
+        reading = kernel.diagnostics()["configurational_temperature"]["w"]
+    w = mcmc.get_samples()["w"].double().transpose(0, 1)  # (chains, draws, 2)
+    centred = w - w.mean(1, keepdim=True)
+    covariance = torch.einsum("cti,ctj->ij", centred, centred) / (w.shape[0] * (w.shape[1] - 1))
+    precision = torch.eye(2, dtype=torch.float64) + X.double().T @ X.double() / NOISE**2
+    spread = float(torch.trace(precision @ covariance)) / 2
+    assert spread < 0.5  # the draws are narrow: the case the reading is for
+    assert abs(reading["ratio"] - spread) < 3 * reading["se"] + 0.2 * spread, (reading, spread)
