@@ -82,8 +82,8 @@ import torch
 from pyro_flat.infer.mcmc.thinning import integrated_autocorrelation_time
 from pyro_flat.target.layout import Site
 
-__all__ = ["HIGH_RATIO", "LOW_RATIO", "MIN_DRAWS", "SPACING", "Z", "ConfigurationalTemperature",
-           "warn_if_temperature_off"]
+__all__ = ["HIGH_RATIO", "LOW_RATIO", "MAX_KEPT", "MIN_DRAWS", "SPACING", "Z",
+           "ConfigurationalTemperature", "warn_if_temperature_off"]
 
 #: A run warns when a site's ratio is surely below this (its sds about 0.7 of the target's).
 LOW_RATIO = 0.5
@@ -96,6 +96,9 @@ MIN_DRAWS = 40
 #: A minibatched run reads a draw at most once every this many SG steps (an extra gradient
 #: each time: at most 4% more).
 SPACING = 25
+#: The most draws' terms a run keeps for the standard error (then every second one, ...);
+#: the estimate itself reads every draw.
+MAX_KEPT = 4096
 #: Seeds the independent batches (offset by the SG step count).
 _SEED = 0x7E3_9E7A
 
@@ -117,15 +120,31 @@ class ConfigurationalTemperature:
         self.num_chains = num_chains
         self._site_of: torch.Tensor | None = None
         self._reference: torch.Tensor | None = None
-        self._terms: list[torch.Tensor] = []  # one (K, sites) tensor per draw, on the device
-        #: Sums over the draws of theta - c and of the gradient, to centre on the chain's mean.
+        #: Sums over the usable draws (every chain finite), on the device: the terms, theta - c
+        #: and the gradient (to centre on each chain's mean), and their number.
+        self._sum_terms: torch.Tensor | None = None
         self._sum_offset: torch.Tensor | None = None
         self._sum_grad: torch.Tensor | None = None
+        self._count: torch.Tensor | None = None
+        #: The terms of every ``_stride``-th draw, for the standard error (and the weighted
+        #: estimate): at most MAX_KEPT, then every second one of them, as DrawMixing keeps.
+        self._kept: torch.Tensor | None = None
+        self._num_kept = 0
+        self._seen = 0
+        self._stride = 1
         self._last_step: int | None = None
 
     @property
     def num_draws(self) -> int:
-        return len(self._terms)
+        """The draws read so far."""
+        return self._seen
+
+    def kept_terms(self) -> tuple[torch.Tensor, int]:
+        """The kept draws' terms, ``(kept, K, sites)`` (NaN where a chain was not finite), and
+        the stride between them in draws read."""
+        if self._kept is None:
+            return torch.zeros(0, self.num_chains, len(self.sites)), self._stride
+        return self._kept[: self._num_kept], self._stride
 
     def wants(self, step: int) -> bool:
         """Whether a minibatched run reads its draw at SG step ``step`` (:data:`SPACING`)."""
@@ -144,57 +163,75 @@ class ConfigurationalTemperature:
 
     def record(self, position: torch.Tensor, grad: torch.Tensor,
                finite: torch.Tensor | None = None) -> None:
-        """Keep one draw's terms: ``position`` and the minibatch gradient there, ``(K, d)``
-        (or ``(d,)``); ``finite``: which chains' gradients are finite (``None``: all). A draw
-        with a chain not finite is left out."""
+        """Read one draw: ``position`` and the minibatch gradient there, ``(K, d)`` (or
+        ``(d,)``); ``finite``: which chains' gradients are finite (``None``: all). A draw
+        with a chain not finite is left out. No host synchronisation."""
         position = position.detach().reshape(self.num_chains, -1)
         grad = grad.detach().reshape(self.num_chains, -1)
         if self._reference is None:
-            self._reference = position.clone()
-            self._site_of = torch.repeat_interleave(
-                torch.arange(len(self.sites), device=position.device),
-                torch.tensor([s.numel for s in self.sites], device=position.device))
-            self._sum_offset = torch.zeros_like(position)
-            self._sum_grad = torch.zeros_like(grad)
+            self._start(position)
         offset = position - self._reference
-        if finite is not None:  # (on the device: no host synchronisation)
+        keep = None
+        if finite is not None:
             keep = finite.reshape(-1, 1).all()
             offset = torch.where(keep, offset, 0.0)
             grad = torch.where(keep, grad, 0.0)
         terms = offset.new_zeros(self.num_chains, len(self.sites)).index_add_(
             -1, self._site_of, offset * grad)
-        if finite is not None:
-            terms = torch.where(keep, terms, math.nan)
+        self._sum_terms += terms
         self._sum_offset += offset
         self._sum_grad += grad
-        self._terms.append(terms)
+        self._count += 1.0 if keep is None else keep.to(self._count.dtype)
+        seen, self._seen = self._seen, self._seen + 1
+        if seen % self._stride:
+            return
+        if self._num_kept == MAX_KEPT:  # keep every second draw from now on
+            half = MAX_KEPT // 2
+            self._kept[:half] = self._kept[0::2].clone()
+            self._num_kept, self._stride = half, 2 * self._stride
+            if seen % self._stride:
+                return
+        self._kept[self._num_kept] = terms if keep is None else torch.where(keep, terms, math.nan)
+        self._num_kept += 1
+
+    def _start(self, position: torch.Tensor) -> None:
+        self._reference = position.clone()
+        device, rows, sites = position.device, self.num_chains, len(self.sites)
+        self._site_of = torch.repeat_interleave(
+            torch.arange(sites, device=device),
+            torch.tensor([s.numel for s in self.sites], device=device))
+        self._sum_terms = position.new_zeros(rows, sites)
+        self._sum_offset = torch.zeros_like(position)
+        self._sum_grad = torch.zeros_like(position)
+        self._count = position.new_zeros(())
+        self._kept = position.new_empty(MAX_KEPT, rows, sites)
 
     def estimate(self, temperature: float, log_weight: torch.Tensor | None = None
                  ) -> dict[str, dict[str, float]]:
-        """Per site (and ``"all"``, the whole position): ``ratio`` :math:`\\hat T_s / T`, its
-        standard error ``se`` and the effective number of draws ``ess`` behind it. Empty
-        with fewer than :data:`MIN_DRAWS` draws. ``log_weight``: the draws' log importance
-        weights (``(draws,)`` or ``(draws, K)``, the last as many as were recorded are read):
-        the estimate is then the self-normalised weighted one, each chain's weights
-        normalised alone."""
-        n = len(self._terms)
+        r"""Per site (and ``"all"``, the whole position): ``ratio`` :math:`\hat T_s / T`, its
+        standard error ``se`` and the effective number of draws ``ess`` behind it (of the
+        kept ones). Empty with fewer than :data:`MIN_DRAWS` usable draws. ``log_weight``: the
+        draws' log importance weights (``(draws,)`` or ``(draws, K)``, the last as many as
+        were read are used): the estimate is then the self-normalised weighted one over the
+        kept draws, each chain's weights normalised alone."""
+        kept, stride = self.kept_terms()
+        kept = kept.to("cpu", torch.float64)
+        usable = torch.isfinite(kept).all(-1).all(-1)  # draws where every chain is finite
+        n = int(usable.sum())
         if n < MIN_DRAWS or not self.sites:
-            return {}
-        terms = torch.stack(self._terms).to("cpu", torch.float64)  # (n, K, sites)
-        usable = torch.isfinite(terms).all(-1).all(-1)  # draws where every chain is finite
-        terms = terms[usable]
-        n = terms.shape[0]
-        if n < MIN_DRAWS:
             return {}
         sizes = torch.tensor([s.numel for s in self.sites] + [sum(s.numel for s in self.sites)],
                              dtype=torch.float64)
-        series = torch.cat([terms, terms.sum(-1, keepdim=True)], -1).permute(1, 2, 0)
-        series = series / sizes.unsqueeze(-1)  # (K, sites + 1, n), per coordinate
+
+        def per_coordinate(terms: torch.Tensor) -> torch.Tensor:  # (..., sites + 1)
+            return torch.cat([terms, terms.sum(-1, keepdim=True)], -1) / sizes
+
+        series = per_coordinate(kept[usable]).permute(1, 2, 0)  # (K, sites + 1, n)
         if log_weight is not None:
             # the weighted law is the target's: any fixed centre c gives T (see the module)
             lw = torch.as_tensor(log_weight, dtype=torch.float64).cpu()
-            lw = lw.reshape(len(lw), -1)[len(lw) - len(self._terms):][usable].T  # (K, n)
-            w = torch.softmax(lw, -1).unsqueeze(1)  # (K, 1, n)
+            lw = lw.reshape(len(lw), -1)[len(lw) - self._seen:][::stride][: len(usable)]
+            w = torch.softmax(lw[usable].T, -1).unsqueeze(1)  # (K, 1, n)
             means = (w * series).sum(-1)  # (K, sites + 1)
             h = w * (series - means.unsqueeze(-1))
             tau = integrated_autocorrelation_time(h)
@@ -202,18 +239,18 @@ class ConfigurationalTemperature:
             mean = means.mean(0)
             ess = torch.full_like(mean, math.nan)
         else:
-            # centred on each chain's own mean: (theta - theta_bar) . grad, so that a chain
-            # whose mean is off does not read as hot or cold (the sums hold the finite draws)
-            offset = self._sum_offset.to("cpu", torch.float64) / n
-            grad = self._sum_grad.to("cpu", torch.float64) / n
-            site_of = self._site_of.cpu()
+            # every usable draw, centred on each chain's own mean: (theta - theta_bar) . grad,
+            # so that a chain whose mean is off does not read as hot or cold
+            count = float(self._count)
+            offset = self._sum_offset.to("cpu", torch.float64) / count
+            grad = self._sum_grad.to("cpu", torch.float64) / count
             shift = offset.new_zeros(self.num_chains, len(self.sites)).index_add_(
-                -1, site_of, offset * grad)
-            shift = torch.cat([shift, shift.sum(-1, keepdim=True)], -1) / sizes  # (K, sites+1)
-            mean = (series.mean(-1) - shift).mean(0)
+                -1, self._site_of.cpu(), offset * grad)
+            terms = self._sum_terms.to("cpu", torch.float64) / count
+            mean = (per_coordinate(terms) - per_coordinate(shift)).mean(0)
             pooled = self.num_chains > 1
             tau = integrated_autocorrelation_time(series if pooled else series[0], pooled=pooled)
-            ess = self.num_chains * n / tau.reshape(-1)
+            ess = self.num_chains * n / tau.reshape(-1)  # of the kept draws: conservative
             variance = series.var((0, 2)) / ess
         names = [s.name for s in self.sites] + ["all"]
         se = variance.clamp(min=0).sqrt()

@@ -19,6 +19,7 @@ from pyro_flat.infer import L2E, SGLD
 from pyro_flat.infer.mcmc.configurational_temperature import (
     HIGH_RATIO,
     LOW_RATIO,
+    MAX_KEPT,
     ConfigurationalTemperature,
     Z,
 )
@@ -99,6 +100,17 @@ def test_reweighted_draws_give_the_targets_temperature():
     assert abs(weighted["ratio"] - 1.0) < Z * weighted["se"]
 
 
+def test_a_long_run_keeps_bounded_memory_and_reads_every_draw():
+    """10,000 draws: at most MAX_KEPT draws' terms are kept (every 4th here), the estimate still
+    reads every draw's, and is right within its standard error."""
+    watch = ConfigurationalTemperature(_layout().sites, num_chains=1)
+    _record(watch, _gaussian_draws(10_000, 0.8, seed=9), 1.0, seed=10)
+    kept, stride = watch.kept_terms()
+    assert watch.num_draws == 10_000 and len(kept) <= MAX_KEPT and stride == 4
+    e = watch.estimate(1.0)["all"]
+    assert abs(e["ratio"] - 0.64) < Z * e["se"]
+
+
 def test_too_few_draws_give_no_estimate():
     watch = ConfigurationalTemperature(_layout().sites, num_chains=1)
     _record(watch, _gaussian_draws(39, 1.0, seed=5), 0.0, seed=6)
@@ -151,7 +163,9 @@ def test_the_terms_are_read_at_the_draws_with_the_gradient_there():
     grads = torch.stack(grads)
     expected = ((z - z[0]) * grads)
     watch = kernel.configurational_temperature
-    recorded = torch.stack(watch._terms)[:, 0].double()  # (draws, sites: w, s)
+    kept, stride = watch.kept_terms()
+    assert stride == 1 and watch.num_draws == 50
+    recorded = kept[:, 0].double()  # (draws, sites: w, s)
     torch.testing.assert_close(recorded[:, 0], expected[:, :2].sum(-1), rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(recorded[:, 1], expected[:, 2], rtol=2e-3, atol=2e-3)
 
