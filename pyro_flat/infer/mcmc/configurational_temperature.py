@@ -79,6 +79,7 @@ import warnings
 
 import torch
 
+from pyro_flat.infer.mcmc.halving_buffer import HalvingBuffer
 from pyro_flat.infer.mcmc.thinning import integrated_autocorrelation_time
 from pyro_flat.target.layout import Site
 
@@ -126,25 +127,23 @@ class ConfigurationalTemperature:
         self._sum_offset: torch.Tensor | None = None
         self._sum_grad: torch.Tensor | None = None
         self._count: torch.Tensor | None = None
-        #: The terms of every ``_stride``-th draw, for the standard error (and the weighted
-        #: estimate): at most MAX_KEPT, then every second one of them, as DrawMixing keeps.
-        self._kept: torch.Tensor | None = None
-        self._num_kept = 0
-        self._seen = 0
-        self._stride = 1
+        #: The terms of evenly spaced draws, for the standard error (and the weighted
+        #: estimate): at most MAX_KEPT.
+        self._buffer = HalvingBuffer(MAX_KEPT)
         self._last_step: int | None = None
 
     @property
     def num_draws(self) -> int:
         """The draws read so far."""
-        return self._seen
+        return self._buffer.seen
 
     def kept_terms(self) -> tuple[torch.Tensor, int]:
         """The kept draws' terms, ``(kept, K, sites)`` (NaN where a chain was not finite), and
         the stride between them in draws read."""
-        if self._kept is None:
-            return torch.zeros(0, self.num_chains, len(self.sites)), self._stride
-        return self._kept[: self._num_kept], self._stride
+        kept = self._buffer.kept
+        if kept is None:
+            kept = torch.zeros(0, self.num_chains, len(self.sites))
+        return kept, self._buffer.stride
 
     def wants(self, step: int) -> bool:
         """Whether a minibatched run reads its draw at SG step ``step`` (:data:`SPACING`)."""
@@ -182,17 +181,10 @@ class ConfigurationalTemperature:
         self._sum_offset += offset
         self._sum_grad += grad
         self._count += 1.0 if keep is None else keep.to(self._count.dtype)
-        seen, self._seen = self._seen, self._seen + 1
-        if seen % self._stride:
-            return
-        if self._num_kept == MAX_KEPT:  # keep every second draw from now on
-            half = MAX_KEPT // 2
-            self._kept[:half] = self._kept[0::2].clone()
-            self._num_kept, self._stride = half, 2 * self._stride
-            if seen % self._stride:
-                return
-        self._kept[self._num_kept] = terms if keep is None else torch.where(keep, terms, math.nan)
-        self._num_kept += 1
+        slot = self._buffer.next_slot(
+            lambda: terms.new_empty(MAX_KEPT, self.num_chains, len(self.sites)))
+        if slot is not None:
+            slot.copy_(terms if keep is None else torch.where(keep, terms, math.nan))
 
     def _start(self, position: torch.Tensor) -> None:
         self._reference = position.clone()
@@ -204,7 +196,6 @@ class ConfigurationalTemperature:
         self._sum_offset = torch.zeros_like(position)
         self._sum_grad = torch.zeros_like(position)
         self._count = position.new_zeros(())
-        self._kept = position.new_empty(MAX_KEPT, rows, sites)
 
     def estimate(self, temperature: float, log_weight: torch.Tensor | None = None
                  ) -> dict[str, dict[str, float]]:
@@ -230,7 +221,7 @@ class ConfigurationalTemperature:
         if log_weight is not None:
             # the weighted law is the target's: any fixed centre c gives T (see the module)
             lw = torch.as_tensor(log_weight, dtype=torch.float64).cpu()
-            lw = lw.reshape(len(lw), -1)[len(lw) - self._seen:][::stride][: len(usable)]
+            lw = lw.reshape(len(lw), -1)[len(lw) - self.num_draws:][::stride][: len(usable)]
             w = torch.softmax(lw[usable].T, -1).unsqueeze(1)  # (K, 1, n)
             means = (w * series).sum(-1)  # (K, sites + 1)
             h = w * (series - means.unsqueeze(-1))

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pyro_flat.infer.mcmc.halving_buffer import HalvingBuffer
 from pyro_flat.infer.mcmc.thinning import integrated_autocorrelation_time
 from pyro_flat.target.layout import Site
 
@@ -119,10 +120,7 @@ class DrawMixing:
             columns += range(site.offset, site.stop)
             self._names += [(site.name, i if site.numel > 1 else None) for i in range(site.numel)]
         self._columns = torch.tensor(columns, dtype=torch.long)
-        self._kept: torch.Tensor | None = None  # (MAX_KEPT, [K,] summaries)
-        self._num_kept = 0
-        self._seen = 0
-        self._stride = 1
+        self._buffer = HalvingBuffer(MAX_KEPT)  # rows ([K,] summaries)
 
     @property
     def monitors(self) -> bool:
@@ -134,22 +132,11 @@ class DrawMixing:
         chains); they stay on the position's device until :meth:`lowest_ess`."""
         if not self._names:
             return
-        seen, self._seen = self._seen, self._seen + 1
-        if seen % self._stride:
-            return
-        if self._kept is None:
+        slot = self._buffer.next_slot(
+            lambda: position.new_empty((MAX_KEPT, *position.shape[:-1], len(self._names))))
+        if slot is not None:
             self._columns = self._columns.to(position.device)
-            self._kept = position.new_empty((MAX_KEPT, *position.shape[:-1],
-                                             len(self._names)))
-        if self._num_kept == MAX_KEPT:  # keep every second draw from now on
-            half = MAX_KEPT // 2
-            self._kept[:half] = self._kept[0::2].clone()
-            self._num_kept, self._stride = half, 2 * self._stride
-            if seen % self._stride:
-                return
-        torch.index_select(position.detach(), -1, self._columns,
-                           out=self._kept[self._num_kept])
-        self._num_kept += 1
+            torch.index_select(position.detach(), -1, self._columns, out=slot)
 
     def lowest_ess(self, log_weight: torch.Tensor | None = None) -> LowestESS | None:
         """The smallest ESS over the summaries (``None``: fewer than :data:`MIN_DRAWS` draws or
@@ -158,11 +145,11 @@ class DrawMixing:
         ``log_weight``: the run's log importance weights, one per draw (``(draws,)``, or
         ``(draws, K)`` for vectorised chains; the last as many as were recorded are read); the
         ESS is then that of the chains' reweighted means (see the module's text)."""
-        kept, num_kept, seen, stride = self._kept, self._num_kept, self._seen, self._stride
-        self._kept, self._num_kept, self._seen, self._stride = None, 0, 0, 1
+        buffer, self._buffer = self._buffer, HalvingBuffer(MAX_KEPT)
+        kept, num_kept, seen, stride = buffer.kept, buffer.num_kept, buffer.seen, buffer.stride
         if kept is None or num_kept < MIN_DRAWS:
             return None
-        series = kept[:num_kept].to("cpu", torch.float64).movedim(0, -1)  # ([K,] m, draws)
+        series = kept.to("cpu", torch.float64).movedim(0, -1)  # ([K,] m, draws)
         finite = torch.isfinite(series).all(-1, keepdim=True)
         series = torch.where(finite, series, torch.zeros_like(series))
         chains = series.shape[0] if series.dim() > 2 else 1

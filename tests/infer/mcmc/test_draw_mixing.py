@@ -141,7 +141,7 @@ def test_a_long_run_keeps_bounded_memory_and_its_ess():
     estimate's relative sd is about sqrt(2 (2M + 1) / N) = 0.043 (M = 3 tau, N = 320,000 kept
     draws); within Z of them."""
     mixing = _ar1_mixing(0.99, 20_000)
-    assert mixing._kept.shape[0] == MAX_KEPT
+    assert mixing._buffer.rows.shape[0] == MAX_KEPT
     lowest = mixing.lowest_ess()
     exact = 64 * 20_000 / ((1 + 0.99) / (1 - 0.99))
     relative_sd = math.sqrt(2 * (2 * 3 * 49.8 + 1) / (64 * 5000))
